@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Build the local control-plane tools (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
+# etcd, kwok, helm) from the pinned Go tool modules under hack/tools/*, into a cache directory outside the
+# repository. The cache directory is keyed by the pinned versions and a hash of the go.mod/go.sum files,
+# so a warm machine never rebuilds, and a version bump builds into a new directory.
+#
+#   hack/tools/build.sh            build whatever is missing, then print the bin directory
+#   hack/tools/build.sh --bindir   print the bin directory (no build; it may not exist yet)
+#   hack/tools/build.sh --check    exit 0 if every binary is present, 1 otherwise (no build)
+#   hack/tools/build.sh --versions print the pinned versions
+#
+# Environment: GPULANE_TOOLS_CACHE (default ${XDG_CACHE_HOME:-$HOME/.cache}/gpulane/tools),
+# GO (default: go), GPULANE_BUILD_P (go build -p, default: number of CPUs).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+GO=${GO:-go}
+# Never let the go command fetch a different toolchain, never touch go.mod, never use cgo.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
+# Bump when the build recipe (flags, stamping) changes in a way that must invalidate cached binaries.
+RECIPE=1
+
+die() { echo "hack/tools/build.sh: error: $*" >&2; exit 1; }
+
+modver() { # modver DIR MODULE -> the version DIR/go.mod requires for MODULE
+  awk -v m="$2" '($1 == m) { print $2; exit } ($1 == "require" && $2 == m) { print $3; exit }' "$HERE/$1/go.mod"
+}
+
+K8S_VERSION=$(modver kubernetes k8s.io/kubernetes)
+ETCD_VERSION=$(modver etcd go.etcd.io/etcd/server/v3)
+KWOK_VERSION=$(modver kwok sigs.k8s.io/kwok)
+HELM_VERSION=$(modver helm helm.sh/helm/v3)
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION; do
+  [[ -n ${!v} ]] || die "could not read $v from hack/tools/*/go.mod"
+done
+
+command -v "$GO" >/dev/null 2>&1 || die "'$GO' not found: install Go ($(awk '/^go /{print $2; exit}' "$HERE/kubernetes/go.mod") or newer in the 1.26 line)"
+GO_VERSION=$("$GO" env GOVERSION)
+
+HASH=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum | { echo "recipe=$RECIPE"; cat; } | sha256sum | cut -c1-10)
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${GO_VERSION}_${HASH}"
+CACHE_ROOT=${GPULANE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulane/tools}
+KEYDIR="$CACHE_ROOT/$KEY"
+BINDIR="$KEYDIR/bin"
+BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok helm)
+
+missing() {
+  local b out=()
+  for b in "${BINARIES[@]}"; do [[ -x "$BINDIR/$b" ]] || out+=("$b"); done
+  echo "${out[*]}"
+}
+
+case "${1:-}" in
+  --bindir) echo "$BINDIR"; exit 0 ;;
+  --check) [[ -z "$(missing)" ]]; exit $? ;;
+  --versions)
+    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ngo %s\nkey %s\n' \
+      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$GO_VERSION" "$KEY"
+    exit 0 ;;
+  "") ;;
+  *) die "unknown argument '$1' (use --bindir, --check or --versions)" ;;
+esac
+
+if [[ -z "$(missing)" ]]; then echo "$BINDIR"; exit 0; fi
+
+mkdir -p "$KEYDIR"
+# One builder at a time per key (make tools and the pytest fixture may race on a cold machine).
+exec 9>"$KEYDIR/.lock"
+flock 9
+[[ -z "$(missing)" ]] && { echo "$BINDIR"; exit 0; }
+
+STAGE=$(mktemp -d "$KEYDIR/.stage.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+P=${GPULANE_BUILD_P:-$(nproc)}
+BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+gobuild() { # gobuild MODULE_DIR LDFLAGS PACKAGE...
+  local dir=$1 ldflags=$2; shift 2
+  echo ">> building $* (in hack/tools/$dir, -p $P)" >&2
+  local t0=$SECONDS
+  (cd "$HERE/$dir" && "$GO" build -p "$P" -trimpath -buildvcs=false -ldflags "-s -w $ldflags" -o "$STAGE/" "$@") ||
+    die "go build failed in hack/tools/$dir for: $*"
+  echo ">> built $* in $((SECONDS - t0))s" >&2
+}
+
+need() { local b; for b in "$@"; do [[ -x "$BINDIR/$b" ]] || return 0; done; return 1; }
+
+if need kube-apiserver kube-scheduler kube-controller-manager kubectl; then
+  v=${K8S_VERSION#v}; major=${v%%.*}; rest=${v#*.}; minor=${rest%%.*}
+  K8S_LDFLAGS=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$BUILD_DATE"
+  done
+  gobuild kubernetes "$K8S_LDFLAGS" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+fi
+if need etcd; then
+  gobuild etcd "" go.etcd.io/etcd/server/v3
+  mv "$STAGE/v3" "$STAGE/etcd" # the main package is the module root, whose last element is "v3"
+fi
+if need kwok; then
+  gobuild kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" sigs.k8s.io/kwok/cmd/kwok
+fi
+if need helm; then
+  gobuild helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
+    helm.sh/helm/v3/cmd/helm
+fi
+
+mkdir -p "$BINDIR"
+for b in "$STAGE"/*; do mv -f "$b" "$BINDIR/"; done
+m=$(missing)
+[[ -z "$m" ]] || die "build finished but these binaries are missing from $BINDIR: $m"
+printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ngo %s\nbuilt %s\n' "$K8S_VERSION" "$ETCD_VERSION" \
+  "$KWOK_VERSION" "$HELM_VERSION" "$GO_VERSION" "$BUILD_DATE" > "$KEYDIR/VERSIONS"
+echo "$BINDIR"
