@@ -1,0 +1,41 @@
+# gpulane: the two commands that matter are `make demo` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test unit lint demo clean
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make demo      - run the film-versus-interactive simulation and print the policy comparison"
+	@echo "make test      - install everything needed and run the whole suite (unit + e2e)"
+	@echo "make lint      - ruff, and mypy strict on gpulane/core"
+	@echo "make install   - create .venv and install gpulane with its dev extras"
+
+install: $(STAMP)
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or run make PY=python3.x" >&2; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -U pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+include hack/cluster.mk
+
+test: install tools
+	$(BIN)/pytest -q
+
+unit: install
+	$(BIN)/pytest -q -m 'not e2e'
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy gpulane/core
+
+demo: install
+	$(BIN)/gpulane simulate scenarios/film-burst-vs-interactive.yaml --compare fifo,strict,llama-swap,gpulane
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

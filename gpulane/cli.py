@@ -1,0 +1,86 @@
+"""The ``gpulane`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gpulane.core.policy import PolicyError
+from gpulane.core.ranking import RANKINGS
+from gpulane.core.sim.engine import simulate
+from gpulane.core.sim.report import comparison_table, jobs_json, summarize
+from gpulane.core.sim.scenario import ScenarioError, load_scenario
+
+
+def _policies(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RANKINGS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown)!r}; choose from {', '.join(RANKINGS)}")
+    return names
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    try:
+        scenario = load_scenario(args.scenario)
+    except (ScenarioError, PolicyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    policies = args.compare or [args.policy]
+    results = {name: simulate(scenario, name) for name in policies}
+    spacing = scenario.policy.band_spacing
+    summaries = {name: summarize(result, spacing) for name, result in results.items()}
+    if args.json:
+        if args.compare:
+            payload = {
+                "scenario": scenario.name,
+                "policies": {name: {"jobs": jobs_json(r), "summary": summaries[name]} for name, r in results.items()},
+            }
+        else:
+            result = results[args.policy]
+            payload = {
+                "scenario": scenario.name,
+                "policy": args.policy,
+                "jobs": jobs_json(result),
+                "summary": summaries[args.policy],
+            }
+        json.dump(payload, sys.stdout, indent=1)
+        print()
+    else:
+        print(f"scenario {scenario.name}: {len(next(iter(results.values())).jobs)} jobs, seed {scenario.seed}")
+        print(comparison_table(summaries))
+    if args.plot:
+        from gpulane.plot import plot_results  # matplotlib is slow to import; only when asked
+
+        plot_results(scenario.name, results, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpulane", description="Schedule jobs on a one-job-at-a-time GPU.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    sim = commands.add_parser("simulate", help="run a scenario on a virtual clock with the real dispatcher")
+    sim.add_argument("scenario", help="scenario YAML file")
+    sim.add_argument("--policy", default="gpulane", choices=RANKINGS)
+    sim.add_argument(
+        "--compare",
+        type=_policies,
+        metavar="P1,P2,...",
+        help=f"run several policies side by side ({','.join(RANKINGS)})",
+    )
+    sim.add_argument("--json", action="store_true", help="print jobs and summary as one JSON object")
+    sim.add_argument("--plot", metavar="FILE.png", help="write waits per stream and a GPU timeline per policy")
+    sim.set_defaults(run=_simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""The dispatcher: a pure state machine from events to dispatch decisions.
+
+It never sleeps, never calls out and reads time only from the injected clock, so hours of
+scheduling run in milliseconds under test, and the simulator drives the very same code.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpulane.core.events import (
+    Dispatch,
+    Event,
+    JobAdopted,
+    JobCancelled,
+    JobFinished,
+    JobSubmitted,
+    LaneUpdated,
+    ModelLoaded,
+    ModelUpdated,
+)
+from gpulane.core.jobs import Job, ModelCatalog
+from gpulane.core.policy import Policy
+from gpulane.core.ranking import Ranking, make_ranking
+
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class Lane:
+    """One GPU. ``resident`` is the model loaded or loading; ``running`` holds its jobs' ids."""
+
+    id: str
+    online: bool = True
+    resident: str | None = None
+    ready: bool = False
+    running: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    job: Job
+    lane: str
+    dispatched_at: float
+    load: bool
+
+
+class DispatchError(ValueError):
+    """An event the dispatcher cannot accept (for example a duplicate job id)."""
+
+
+class Dispatcher:
+    HISTORY = 10_000
+
+    def __init__(
+        self,
+        policy: Policy,
+        clock: Clock,
+        models: ModelCatalog | None = None,
+        ranking: Ranking | None = None,
+        *,
+        explain: bool = True,
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.models = models if models is not None else ModelCatalog()
+        self.ranking = ranking if ranking is not None else make_ranking("gpulane", policy)
+        self.lanes: dict[str, Lane] = {}
+        self.running: dict[str, Running] = {}
+        self.history: deque[Dispatch] = deque(maxlen=self.HISTORY)
+        self._explain = explain
+        self._seq = 0
+
+    # -- events -------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Dispatch]:
+        """Apply one event, then dispatch whatever the lanes now have room for."""
+        match event:
+            case JobSubmitted(job):
+                self._submit(job)
+            case JobCancelled(job_id):
+                self.ranking.remove(job_id)
+            case JobFinished(job_id, run_seconds):
+                self._finish(job_id, run_seconds)
+            case JobAdopted(job, adopted_on, started_at):
+                self._adopt(job, adopted_on, started_at)
+            case LaneUpdated(lane_id, online, resident):
+                self._update_lane(lane_id, online, resident)
+            case ModelLoaded(lane_id, model, load_seconds):
+                loaded = self.lanes.get(lane_id)
+                if loaded is not None and loaded.resident == model:
+                    loaded.ready = True
+                if load_seconds is not None:
+                    self.models.observe_load(model, load_seconds)
+            case ModelUpdated(spec):
+                self.models.update(spec)
+        return self._decide()
+
+    def handle_all(self, events: Iterable[Event]) -> list[Dispatch]:
+        return [d for event in events for d in self.handle(event)]
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.ranking)
+
+    def is_pending(self, job_id: str) -> bool:
+        return job_id in self.ranking
+
+    def _submit(self, job: Job) -> None:
+        if job.id in self.ranking or job.id in self.running:
+            raise DispatchError(f"job {job.id!r} is already known to the dispatcher")
+        self.policy.bonus_for_tier(job.tier)  # rejects unknown tiers before they are queued
+        self._seq += 1
+        self.ranking.add(job, self._seq)
+
+    def _finish(self, job_id: str, run_seconds: float | None) -> None:
+        done = self.running.pop(job_id, None)
+        if done is None:
+            return  # finishing twice, or a job we never dispatched: nothing holds capacity
+        lane = self.lanes.get(done.lane)
+        if lane is not None:
+            lane.running.discard(job_id)
+        if run_seconds is not None:
+            self.models.observe_run(done.job.model, run_seconds)
+
+    def _adopt(self, job: Job, lane_id: str, started_at: float) -> None:
+        self.ranking.remove(job.id)
+        lane = self.lanes.setdefault(lane_id, Lane(lane_id))
+        lane.resident, lane.ready = job.model, True
+        lane.running.add(job.id)
+        self.running[job.id] = Running(job, lane_id, started_at, load=False)
+
+    def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
+        lane = self.lanes.setdefault(lane_id, Lane(lane_id))
+        lane.online = online
+        if resident != lane.resident:
+            lane.resident, lane.ready = resident, resident is not None
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def _decide(self) -> list[Dispatch]:
+        decisions: list[Dispatch] = []
+        while len(self.ranking):
+            choice = self._best_pair()
+            if choice is None:
+                break
+            decisions.append(self._dispatch(*choice))
+        return decisions
+
+    def _best_pair(self) -> tuple[Lane, Job] | None:
+        """The best (lane, job) pair a lane may start now.
+
+        A lane with room starts its best job if that job uses the resident model. If the best
+        job needs another model, a busy lane starts nothing below it: it drains, then swaps.
+        """
+        chosen: tuple[float, int, Lane, Job] | None = None
+        for lane in self.lanes.values():
+            if not lane.online:
+                continue
+            if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
+                continue
+            best = self.ranking.best(lane.resident)
+            if best is None:
+                return None
+            value, seq, job = best
+            if lane.running and job.model != lane.resident:
+                continue
+            if chosen is None or value > chosen[0] or (value == chosen[0] and seq < chosen[1]):
+                chosen = (value, seq, lane, job)
+        return None if chosen is None else (chosen[2], chosen[3])
+
+    def _dispatch(self, lane: Lane, job: Job) -> Dispatch:
+        now = self.clock()
+        score = self.ranking.breakdown(job, lane.resident, now)
+        changed = self.ranking.alternatives(lane.resident, job) if self._explain else {}
+        load = job.model != lane.resident
+        replaces = lane.resident if load else None
+        self.ranking.take(job, now)
+        if load:
+            lane.resident, lane.ready = job.model, False
+        lane.running.add(job.id)
+        self.running[job.id] = Running(job, lane.id, now, load)
+        decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
+        if self._explain:
+            self.history.append(decision)
+        return decision
+
+    # -- forecasts ----------------------------------------------------------------------
+
+    def fork(self, clock: Clock) -> Dispatcher:
+        """An independent copy on another clock, for forecasts (explanations off)."""
+        clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
+        clone.lanes = {k: Lane(v.id, v.online, v.resident, v.ready, set(v.running)) for k, v in self.lanes.items()}
+        clone.running = dict(self.running)
+        clone._seq = self._seq
+        return clone

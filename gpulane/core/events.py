@@ -1,0 +1,76 @@
+"""What happens to the dispatcher (events) and what it decides (dispatches)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpulane.core.jobs import Job, ModelSpec
+from gpulane.core.score import ScoreBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    job: Job
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelled:
+    """A pending job leaves the queue. Running jobs are never preempted by the core."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    job_id: str
+    run_seconds: float | None = None  # observed, to learn the model's run time
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdopted:
+    """A job found already running on a lane (after a restart): it holds capacity."""
+
+    job: Job
+    lane: str
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LaneUpdated:
+    """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it."""
+
+    lane: str
+    online: bool = True
+    resident: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoaded:
+    lane: str
+    model: str
+    load_seconds: float | None = None  # observed, to learn the model's load time
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUpdated:
+    """A model's spec changed (for example its concurrency)."""
+
+    spec: ModelSpec
+
+
+Event = JobSubmitted | JobCancelled | JobFinished | JobAdopted | LaneUpdated | ModelLoaded | ModelUpdated
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Run ``job`` on ``lane``. ``load`` means the lane must load ``model`` first (replacing ``replaces``)."""
+
+    job: Job
+    lane: str
+    model: str
+    load: bool
+    replaces: str | None
+    at: float
+    score: ScoreBreakdown
+    # Terms that changed the winner, each mapped to the job that would have won without it.
+    changed_by: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,73 @@
+"""The scoring policy: tier bonuses, affinity, aging and the band invariant it must keep."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from gpulane.core.priority import band_of
+
+# "Far larger": the band spacing must exceed the bounded offsets by this factor, so that
+# tier and affinity can only ever break near-ties inside a band (100 vs 2 + 10 passes).
+SPACING_FACTOR = 4
+
+
+class PolicyError(ValueError):
+    """A policy that must not be accepted; the message states the numbers involved."""
+
+
+class CamelModel(BaseModel):
+    """Fields are snake_case in Python and camelCase in YAML/JSON, as Kubernetes resources are."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class PriorityBounds(CamelModel):
+    min: int = -1000
+    max: int = 1000
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PriorityBounds:
+        if self.min > self.max:
+            raise PolicyError(f"priorityBounds.min ({self.min}) is greater than priorityBounds.max ({self.max})")
+        return self
+
+
+class Policy(CamelModel):
+    tier_bonus: dict[str, int] = Field(default_factory=lambda: {"free": 0, "pro": 1, "max": 2})
+    affinity_bonus: int = Field(default=10, ge=0)
+    aging_divisor_seconds: float = Field(default=60.0, gt=0)
+    band_spacing: int = Field(default=100, gt=0)
+    priority_bounds: PriorityBounds = Field(default_factory=PriorityBounds)
+
+    @model_validator(mode="after")
+    def _invariant(self) -> Policy:
+        if not self.tier_bonus:
+            raise PolicyError("tierBonus must name at least one tier")
+        negative = {t: b for t, b in self.tier_bonus.items() if b < 0}
+        if negative:
+            raise PolicyError(f"tier bonuses must be >= 0, got {negative}")
+        offsets = max(self.tier_bonus.values()) + self.affinity_bonus
+        needed = SPACING_FACTOR * offsets
+        if self.band_spacing < needed or self.band_spacing <= offsets:
+            raise PolicyError(
+                f"bandSpacing {self.band_spacing} is too small: the largest tier bonus plus the affinity "
+                f"bonus is {max(self.tier_bonus.values())} + {self.affinity_bonus} = {offsets}, and the "
+                f"spacing must be at least {SPACING_FACTOR}x that ({needed}) so that tier and affinity "
+                f"never lift a job over a higher band"
+            )
+        return self
+
+    def bonus_for_tier(self, tier: str) -> int:
+        try:
+            return self.tier_bonus[tier]
+        except KeyError:
+            known = ", ".join(sorted(self.tier_bonus))
+            raise PolicyError(f"unknown tier {tier!r}; this policy knows {known}") from None
+
+    def band(self, priority: int) -> int:
+        return band_of(priority, self.band_spacing)
+
+    def clamp(self, priority: int) -> int:
+        """Bring a caller's priority inside the policy's bounds."""
+        return max(self.priority_bounds.min, min(self.priority_bounds.max, priority))

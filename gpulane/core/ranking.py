@@ -1,0 +1,229 @@
+"""Rankings decide which waiting job a lane should run next.
+
+``FairShareRanking`` is gpulane's policy. The baselines (FIFO, strict priority, llama-swap)
+share the dispatcher and event loop, so comparisons measure the ranking and nothing else.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from gpulane.core.jobs import Job
+from gpulane.core.policy import Policy
+from gpulane.core.ranked import RankedIndex
+from gpulane.core.score import ScoreBreakdown
+
+Best = tuple[float, int, Job]
+
+
+class Ranking(Protocol):
+    name: str
+
+    def __len__(self) -> int: ...
+    def __contains__(self, job_id: object) -> bool: ...
+    def pending(self) -> Iterator[Job]: ...
+    def add(self, job: Job, seq: int) -> None: ...
+    def remove(self, job_id: str) -> Job | None: ...
+    def take(self, job: Job, now: float) -> None: ...
+    def best(self, resident: str | None) -> Best | None: ...
+    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
+    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]: ...
+    def copy(self) -> Ranking: ...
+
+
+MemberLevel = tuple[str, int]
+QueueKey = tuple[str, int, str]
+
+
+class FairShareRanking:
+    """Priority + tier + affinity + aging, with aging measured per (member, band) queue.
+
+    Each member has a FIFO queue per band (ordered by priority inside the band), split by
+    model so that affinity can pick the member's job for the resident model. Only queue heads
+    compete. A head's aging clock starts at the later of its submission and the last dispatch
+    from its (member, band): a member's burst ages as one queue, not as hundreds of jobs, which
+    is what keeps a 174-shot film from outranking fresh interactive work (brief section 2).
+    """
+
+    name = "gpulane"
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self._jobs: dict[str, tuple[Job, int]] = {}
+        self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
+        self._models: dict[MemberLevel, set[str]] = {}
+        self._last_dispatch: dict[MemberLevel, float] = {}
+        self._heads: RankedIndex[Job] = RankedIndex()
+        self._heads_no_aging: RankedIndex[Job] = RankedIndex()
+        self._no_fair_share: RankedIndex[Job] = RankedIndex()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def pending(self) -> Iterator[Job]:
+        return (job for job, _ in self._jobs.values())
+
+    def add(self, job: Job, seq: int) -> None:
+        self._jobs[job.id] = (job, seq)
+        level = self._level(job)
+        qkey = (*level, job.model)
+        queue = self._queues.setdefault(qkey, [])
+        heapq.heappush(queue, (-job.priority, seq, job.id))
+        self._models.setdefault(level, set()).add(job.model)
+        if queue[0][2] == job.id:
+            self._refresh_head(qkey)
+        base = job.priority + self.policy.bonus_for_tier(job.tier)
+        self._no_fair_share.put(job.id, job.model, base - job.submitted_at / self._divisor, seq, job)
+
+    def remove(self, job_id: str) -> Job | None:
+        found = self._jobs.pop(job_id, None)
+        if found is None:
+            return None
+        job = found[0]
+        self._no_fair_share.discard(job_id)
+        qkey = (*self._level(job), job.model)
+        queue = self._queues[qkey]
+        if queue[0][2] == job_id:
+            self._refresh_head(qkey)
+        return job
+
+    def take(self, job: Job, now: float) -> None:
+        self._jobs.pop(job.id)
+        self._no_fair_share.discard(job.id)
+        level = self._level(job)
+        self._last_dispatch[level] = now
+        # The dispatch restarts the aging clock of every head in this member's band.
+        for model in list(self._models[level]):
+            self._refresh_head((*level, model))
+
+    def best(self, resident: str | None) -> Best | None:
+        return self._heads.best(resident, self.policy.affinity_bonus)
+
+    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
+        return ScoreBreakdown(
+            priority=job.priority,
+            tier=self.policy.bonus_for_tier(job.tier),
+            affinity=self.policy.affinity_bonus if job.model == resident else 0,
+            aging=max(0.0, now - self._aging_start(job)) / self._divisor,
+        )
+
+    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
+        """The winner without each term; a term appears only where it changed the winner."""
+        bonus = self.policy.affinity_bonus
+        candidates = {
+            "aging": self._heads_no_aging.best(resident, bonus),
+            "affinity": self._heads.best(None, 0),
+            "fairShare": self._no_fair_share.best(resident, bonus),
+        }
+        return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
+
+    def copy(self) -> FairShareRanking:
+        clone = FairShareRanking(self.policy)
+        clone._jobs = dict(self._jobs)
+        clone._queues = {k: list(q) for k, q in self._queues.items()}
+        clone._models = {k: set(v) for k, v in self._models.items()}
+        clone._last_dispatch = dict(self._last_dispatch)
+        clone._heads = self._heads.copy()
+        clone._heads_no_aging = self._heads_no_aging.copy()
+        clone._no_fair_share = self._no_fair_share.copy()
+        return clone
+
+    @property
+    def _divisor(self) -> float:
+        return self.policy.aging_divisor_seconds
+
+    def _level(self, job: Job) -> MemberLevel:
+        return (job.member, self.policy.band(job.priority))
+
+    def _aging_start(self, job: Job) -> float:
+        return max(job.submitted_at, self._last_dispatch.get(self._level(job), -math.inf))
+
+    def _refresh_head(self, qkey: QueueKey) -> None:
+        queue = self._queues[qkey]
+        while queue and queue[0][2] not in self._jobs:
+            heapq.heappop(queue)
+        if not queue:
+            del self._queues[qkey]
+            level = (qkey[0], qkey[1])
+            models = self._models[level]
+            models.discard(qkey[2])
+            if not models:
+                del self._models[level]
+            self._heads.discard(qkey)
+            self._heads_no_aging.discard(qkey)
+            return
+        job, seq = self._jobs[queue[0][2]]
+        base = job.priority + self.policy.bonus_for_tier(job.tier)
+        self._heads.put(qkey, job.model, base - self._aging_start(job) / self._divisor, seq, job)
+        self._heads_no_aging.put(qkey, job.model, base, seq, job)
+
+
+class OrderedRanking:
+    """A baseline: one static key per job, ties to arrival, an optional bonus for the resident model."""
+
+    def __init__(self, name: str, policy: Policy, key: Callable[[Job], float], resident_bonus: float) -> None:
+        self.name = name
+        self.policy = policy
+        self._key = key
+        self._bonus = resident_bonus
+        self._jobs: dict[str, Job] = {}
+        self._index: RankedIndex[Job] = RankedIndex()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def pending(self) -> Iterator[Job]:
+        return iter(self._jobs.values())
+
+    def add(self, job: Job, seq: int) -> None:
+        self._jobs[job.id] = job
+        self._index.put(job.id, job.model, self._key(job), seq, job)
+
+    def remove(self, job_id: str) -> Job | None:
+        self._index.discard(job_id)
+        return self._jobs.pop(job_id, None)
+
+    def take(self, job: Job, now: float) -> None:
+        self.remove(job.id)
+
+    def best(self, resident: str | None) -> Best | None:
+        return self._index.best(resident, self._bonus)
+
+    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
+        return ScoreBreakdown(job.priority, self.policy.bonus_for_tier(job.tier), 0, 0.0)
+
+    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
+        return {}
+
+    def copy(self) -> OrderedRanking:
+        clone = OrderedRanking(self.name, self.policy, self._key, self._bonus)
+        clone._jobs = dict(self._jobs)
+        clone._index = self._index.copy()
+        return clone
+
+
+def make_ranking(name: str, policy: Policy) -> Ranking:
+    """The named policy: ``gpulane`` or one of the baselines it is compared against."""
+    if name == "gpulane":
+        return FairShareRanking(policy)
+    if name == "fifo":
+        return OrderedRanking(name, policy, lambda job: 0.0, resident_bonus=0.0)
+    if name == "strict":
+        return OrderedRanking(
+            name, policy, lambda job: job.priority + policy.bonus_for_tier(job.tier), resident_bonus=0.0
+        )
+    if name == "llama-swap":
+        return OrderedRanking(name, policy, lambda job: 0.0, resident_bonus=math.inf)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(RANKINGS)}")
+
+
+RANKINGS = ("fifo", "strict", "llama-swap", "gpulane")

@@ -1,0 +1,220 @@
+"""The simulator: the real dispatcher on a virtual clock, fed by a scenario's job streams.
+
+Job sets are drawn from the seed before any policy runs, so every policy sees exactly the
+same jobs; only the dispatcher's ranking differs between runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Dispatch, JobFinished, JobSubmitted, LaneUpdated, ModelLoaded
+from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
+from gpulane.core.ranking import make_ranking
+from gpulane.core.sim.scenario import Range, Scenario, Stream
+
+
+@dataclass(slots=True)
+class JobRecord:
+    name: str
+    stream: str | None
+    member: str
+    tier: str
+    priority: int
+    model: str
+    run_seconds: float
+    submitted_at: float | None = None
+    dispatched_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    cold_start: bool = False
+    lane: str | None = None
+    changed_by: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def wait(self) -> float:
+        assert self.started_at is not None and self.submitted_at is not None
+        return self.started_at - self.submitted_at
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A job the scenario will submit: at a fixed time, or after its chain predecessor ends."""
+
+    record: JobRecord
+    at: float | None  # None: chained
+
+
+@dataclass(slots=True)
+class SimResult:
+    scenario: str
+    policy: str
+    jobs: list[JobRecord]
+    lanes: list[str]
+    # Per band, the GPU seconds each member received while two or more members of the band waited.
+    contended: dict[int, dict[str, float]]
+    idle_while_waiting: float
+    end: float
+
+
+def _draw_run(spec: float | Range, rng: random.Random) -> float:
+    return spec if isinstance(spec, float | int) else rng.uniform(spec.min, spec.max)
+
+
+def _stream_jobs(stream: Stream, seed: int) -> list[Planned]:
+    rng = random.Random(f"{seed}:{stream.name}")
+    planned: list[Planned] = []
+
+    def plan(index: int, at: float | None) -> None:
+        record = JobRecord(
+            name=f"{stream.name}-{index}",
+            stream=stream.name,
+            member=stream.member_at(index),
+            tier=stream.tier,
+            priority=stream.priority,
+            model=stream.model,
+            run_seconds=_draw_run(stream.run_seconds, rng),
+        )
+        planned.append(Planned(record, at))
+
+    if stream.submit is not None:
+        count = stream.count or 0
+        for i in range(count):
+            at = stream.at if stream.submit == "burst" or i == 0 else None
+            plan(i, at)
+        return planned
+    arrival = stream.arrival
+    assert arrival is not None
+    t, i = stream.from_, 0
+    limit = stream.count if stream.count is not None else 10**7
+    while i < limit:
+        if arrival.every_seconds is not None:
+            at = t if i == 0 else t + arrival.every_seconds
+        else:
+            assert arrival.poisson_per_hour is not None
+            at = t + rng.expovariate(arrival.poisson_per_hour / 3600.0)
+        if stream.until is not None and at >= stream.until:
+            break
+        plan(i, at)
+        t, i = at, i + 1
+    return planned
+
+
+def plan_jobs(scenario: Scenario) -> list[Planned]:
+    planned = [p for stream in scenario.streams for p in _stream_jobs(stream, scenario.seed)]
+    for job in scenario.jobs:
+        record = JobRecord(job.name, None, job.member, job.tier, job.priority, job.model, job.run_seconds)
+        planned.append(Planned(record, job.at))
+    return planned
+
+
+def catalog_for(scenario: Scenario) -> ModelCatalog:
+    default = ModelSpec(
+        "*",
+        max_concurrency=scenario.default_model.max_concurrency,
+        load_seconds=scenario.default_model.load_seconds,
+    )
+    specs = [ModelSpec(m.name, m.max_concurrency, m.load_seconds) for m in scenario.models]
+    return ModelCatalog(specs, default)
+
+
+# Same-time events: finishes free capacity first, then loads complete, then arrivals.
+FINISH, LOADED, SUBMIT = 0, 1, 2
+
+
+def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
+    planned = plan_jobs(scenario)
+    catalog = catalog_for(scenario)
+    now = [0.0]
+    dispatcher = Dispatcher(scenario.policy, lambda: now[0], catalog, make_ranking(policy_name, scenario.policy))
+    truth = catalog_for(scenario)  # the real load times, apart from what the dispatcher learns
+    records = {p.record.name: p.record for p in planned}
+    chain_next: dict[str, JobRecord] = {}
+    for stream in scenario.streams:
+        if stream.submit == "chain":
+            chain = [p.record for p in planned if p.record.stream == stream.name]
+            chain_next.update({a.name: b for a, b in itertools.pairwise(chain)})
+
+    queue: list[tuple[float, int, int, str, str]] = []
+    order = itertools.count()
+
+    def push(at: float, kind: int, what: str, detail: str = "") -> None:
+        heapq.heappush(queue, (at, kind, next(order), what, detail))
+
+    for p in planned:
+        if p.at is not None:
+            push(p.at, SUBMIT, p.record.name)
+
+    lanes = [f"gpu-{i}" for i in range(scenario.lanes)]
+    ready_at = dict.fromkeys(lanes, 0.0)
+    running = dict.fromkeys(lanes, 0)
+    for lane in lanes:
+        dispatcher.handle(LaneUpdated(lane, resident=scenario.initial_model))
+
+    band_of = scenario.policy.band
+    waiting: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    contended: dict[int, dict[str, float]] = defaultdict(dict)
+    idle_while_waiting = 0.0
+
+    def apply(decision: Dispatch) -> None:
+        record = records[decision.job.id]
+        t = now[0]
+        record.dispatched_at, record.lane, record.changed_by = t, decision.lane, decision.changed_by
+        band = band_of(record.priority)
+        members = waiting[band]
+        if sum(1 for n in members.values() if n) >= 2:
+            share = contended[band]
+            for member, n in members.items():
+                if n:
+                    share.setdefault(member, 0.0)
+            share[record.member] += record.run_seconds
+        members[record.member] -= 1
+        if decision.load:
+            record.cold_start = True
+            ready_at[decision.lane] = t + truth.get(decision.model).load_seconds
+            push(ready_at[decision.lane], LOADED, decision.lane, decision.model)
+        record.started_at = max(t, ready_at[decision.lane])
+        running[decision.lane] += 1
+        push(record.started_at + record.run_seconds, FINISH, record.name)
+
+    last = 0.0
+    while queue:
+        at, kind, _, what, detail = heapq.heappop(queue)
+        idle_lanes = sum(1 for lane in lanes if running[lane] == 0)
+        if dispatcher.pending_count and idle_lanes:
+            idle_while_waiting += (at - last) * idle_lanes
+        now[0] = last = at
+        if kind == SUBMIT:
+            record = records[what]
+            record.submitted_at = at
+            waiting[band_of(record.priority)][record.member] += 1
+            job = Job(what, record.model, record.priority, record.tier, record.member, at)
+            decisions = dispatcher.handle(JobSubmitted(job))
+        elif kind == LOADED:
+            decisions = dispatcher.handle(ModelLoaded(what, detail))
+        else:
+            record = records[what]
+            record.finished_at = at
+            assert record.lane is not None
+            running[record.lane] -= 1
+            decisions = dispatcher.handle(JobFinished(what, record.run_seconds))
+            follower = chain_next.get(what)
+            if follower is not None:
+                push(at, SUBMIT, follower.name)
+        for decision in decisions:
+            apply(decision)
+
+    return SimResult(
+        scenario=scenario.name,
+        policy=policy_name,
+        jobs=[p.record for p in planned],
+        lanes=lanes,
+        contended={band: dict(shares) for band, shares in contended.items()},
+        idle_while_waiting=idle_while_waiting,
+        end=last,
+    )

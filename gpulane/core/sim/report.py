@@ -1,0 +1,161 @@
+"""Summaries of a simulation: waits per stream, swaps, utilisation and fairness per band."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gpulane.core.priority import ALIASES
+from gpulane.core.sim.engine import JobRecord, SimResult
+
+PERCENTILES = (50, 95, 99)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear interpolation between closest ranks (the common 'type 7' definition)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1.0 when everyone got the same, 1/n when one member got it all."""
+    total = sum(values)
+    squares = sum(v * v for v in values)
+    return 1.0 if squares == 0 else total * total / (len(values) * squares)
+
+
+def band_label(band: int, spacing: int) -> str:
+    centre = band * spacing
+    for alias, value in ALIASES.items():
+        if value == centre:
+            return alias
+    return f"band{centre:+d}"
+
+
+def _wait_stats(records: Sequence[JobRecord]) -> dict[str, float | None]:
+    waits = [r.wait for r in records if r.started_at is not None]
+    stats: dict[str, float | None] = {f"p{p}": _num(percentile(waits, p)) for p in PERCENTILES}
+    stats["max"] = max(waits) if waits else None
+    stats["mean"] = sum(waits) / len(waits) if waits else None
+    return stats
+
+
+def _num(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
+def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
+    streams: dict[str, list[JobRecord]] = {}
+    for job in result.jobs:
+        streams.setdefault(job.stream or job.name, []).append(job)
+    span = result.end or 1.0
+    busy = sum(j.run_seconds for j in result.jobs if j.started_at is not None)
+    per_stream = {
+        name: {
+            "jobs": len(records),
+            "unfinished": sum(1 for r in records if r.finished_at is None),
+            "waitSeconds": _wait_stats(records),
+            "swaps": sum(1 for r in records if r.cold_start),
+            "gpuShare": sum(r.run_seconds for r in records if r.started_at is not None) / span,
+        }
+        for name, records in streams.items()
+    }
+    bands = {
+        band_label(band, band_spacing): {
+            "fairness": jain(list(shares.values())),
+            "contendedSeconds": shares,
+        }
+        for band, shares in sorted(result.contended.items(), reverse=True)
+    }
+    changed: dict[str, int] = {}
+    for job in result.jobs:
+        for term in job.changed_by:
+            changed[term] = changed.get(term, 0) + 1
+    return {
+        "streams": per_stream,
+        "bands": bands,
+        "overall": {
+            "jobs": len(result.jobs),
+            "swaps": sum(1 for j in result.jobs if j.cold_start),
+            "gpuUtilisation": busy / (span * len(result.lanes)),
+            "idleWhileWaitingSeconds": result.idle_while_waiting,
+            "makespanSeconds": result.end,
+            "winnerChangedBy": changed,
+        },
+    }
+
+
+def jobs_json(result: SimResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": j.name,
+            "stream": j.stream,
+            "member": j.member,
+            "tier": j.tier,
+            "priority": j.priority,
+            "model": j.model,
+            "submittedAt": j.submitted_at,
+            "dispatchedAt": j.dispatched_at,
+            "startedAt": j.started_at,
+            "finishedAt": j.finished_at,
+            "coldStart": j.cold_start,
+            "lane": j.lane,
+            "changedBy": j.changed_by,
+        }
+        for j in result.jobs
+    ]
+
+
+def human(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """Streams down, policies across, as fixed-width text."""
+    policies = list(summaries)
+    first = next(iter(summaries.values()))
+    width = max(14, *(len(p) + 2 for p in policies))
+    lines: list[str] = []
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"{label:<34}" + "".join(f"{c:>{width}}" for c in cells))
+
+    row("", policies)
+    for stream in first["streams"]:
+        lines.append(f"stream {stream} ({first['streams'][stream]['jobs']} jobs)")
+        for stat in ("p50", "p95", "max"):
+            row(
+                f"  wait {stat}",
+                [human(summaries[p]["streams"][stream]["waitSeconds"][stat]) for p in policies],
+            )
+        row("  swaps", [str(summaries[p]["streams"][stream]["swaps"]) for p in policies])
+    lines.append("overall")
+    row("  swaps", [str(summaries[p]["overall"]["swaps"]) for p in policies])
+    row("  GPU utilisation", [f"{summaries[p]['overall']['gpuUtilisation']:.1%}" for p in policies])
+    row(
+        "  idle while work waits",
+        [human(summaries[p]["overall"]["idleWhileWaitingSeconds"]) for p in policies],
+    )
+    row("  makespan", [human(summaries[p]["overall"]["makespanSeconds"]) for p in policies])
+    bands = sorted({b for s in summaries.values() for b in s["bands"]})
+    for band in bands:
+        row(
+            f"  fairness ({band}, Jain)",
+            [
+                f"{summaries[p]['bands'][band]['fairness']:.2f}" if band in summaries[p]["bands"] else "-"
+                for p in policies
+            ],
+        )
+    return "\n".join(lines)
