@@ -41,11 +41,17 @@ QueueKey = tuple[str, int, str]
 class FairShareRanking:
     """Priority + tier + affinity + aging, with aging measured per (member, band) queue.
 
-    Each member has a FIFO queue per band (ordered by priority inside the band), split by
-    model so that affinity can pick the member's job for the resident model. Only queue heads
-    compete. A head's aging clock starts at the later of its submission and the last dispatch
-    from its (member, band): a member's burst ages as one queue, not as hundreds of jobs, which
-    is what keeps a 174-shot film from outranking fresh interactive work (brief section 2).
+    Each member has a queue per band (ordered by priority inside the band), split by model so
+    that affinity can pick the member's job for the resident model. Only the split queues'
+    heads compete. Aging measures how long the member's queue has gone unserved: the clock of
+    the member's oldest waiting job starts at the later of its submission and the member's last
+    dispatch in that band, so a burst ages as one queue, not as hundreds of jobs. That is what
+    keeps a 174-shot film from outranking fresh interactive work (brief section 2).
+
+    The member's younger jobs keep their distance behind that oldest job (their clock starts
+    later by the submission gap), so inside a member the order stays first-come first-served,
+    and affinity can only pull forward a job submitted within ``affinity_bonus`` aging-points of
+    the oldest. A member's own traffic can therefore never starve the member's other work.
     """
 
     name = "gpulane"
@@ -56,6 +62,7 @@ class FairShareRanking:
         self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
+        self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
         self._heads: RankedIndex[Job] = RankedIndex()
         self._heads_no_aging: RankedIndex[Job] = RankedIndex()
         self._no_fair_share: RankedIndex[Job] = RankedIndex()
@@ -76,7 +83,11 @@ class FairShareRanking:
         queue = self._queues.setdefault(qkey, [])
         heapq.heappush(queue, (-job.priority, seq, job.id))
         self._models.setdefault(level, set()).add(job.model)
-        if queue[0][2] == job.id:
+        oldest = self._oldest.setdefault(level, [])
+        heapq.heappush(oldest, (job.submitted_at, seq, job.id))
+        if oldest[0][2] == job.id:
+            self._refresh_level(level)  # every clock in the level is measured from the oldest job
+        elif queue[0][2] == job.id:
             self._refresh_head(qkey)
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._no_fair_share.put(job.id, job.model, base - job.submitted_at / self._divisor, seq, job)
@@ -87,10 +98,13 @@ class FairShareRanking:
             return None
         job = found[0]
         self._no_fair_share.discard(job_id)
-        qkey = (*self._level(job), job.model)
-        queue = self._queues[qkey]
-        if queue[0][2] == job_id:
-            self._refresh_head(qkey)
+        level = self._level(job)
+        if self._oldest[level][0][2] == job_id:
+            self._refresh_level(level)
+        else:
+            qkey = (*level, job.model)
+            if self._queues[qkey][0][2] == job_id:
+                self._refresh_head(qkey)
         return job
 
     def take(self, job: Job, now: float) -> None:
@@ -98,9 +112,7 @@ class FairShareRanking:
         self._no_fair_share.discard(job.id)
         level = self._level(job)
         self._last_dispatch[level] = now
-        # The dispatch restarts the aging clock of every head in this member's band.
-        for model in list(self._models[level]):
-            self._refresh_head((*level, model))
+        self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
 
     def best(self, resident: str | None) -> Best | None:
         return self._heads.best(resident, self.policy.affinity_bonus)
@@ -129,6 +141,7 @@ class FairShareRanking:
         clone._queues = {k: list(q) for k, q in self._queues.items()}
         clone._models = {k: set(v) for k, v in self._models.items()}
         clone._last_dispatch = dict(self._last_dispatch)
+        clone._oldest = {k: list(v) for k, v in self._oldest.items()}
         clone._heads = self._heads.copy()
         clone._heads_no_aging = self._heads_no_aging.copy()
         clone._no_fair_share = self._no_fair_share.copy()
@@ -142,7 +155,20 @@ class FairShareRanking:
         return (job.member, self.policy.band(job.priority))
 
     def _aging_start(self, job: Job) -> float:
-        return max(job.submitted_at, self._last_dispatch.get(self._level(job), -math.inf))
+        level = self._level(job)
+        last = self._last_dispatch.get(level)
+        if last is None:
+            return job.submitted_at
+        return max(job.submitted_at, last + job.submitted_at - self._oldest[level][0][0])
+
+    def _refresh_level(self, level: MemberLevel) -> None:
+        oldest = self._oldest[level]
+        while oldest and oldest[0][2] not in self._jobs:
+            heapq.heappop(oldest)
+        if not oldest:
+            del self._oldest[level]
+        for model in list(self._models.get(level, ())):
+            self._refresh_head((*level, model))
 
     def _refresh_head(self, qkey: QueueKey) -> None:
         queue = self._queues[qkey]
