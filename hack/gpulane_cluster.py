@@ -157,9 +157,7 @@ def _key() -> ec.EllipticCurvePrivateKey:
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     path.chmod(0o600)
 
@@ -208,14 +206,10 @@ def _issue(
             critical=True,
         )
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
             critical=False,
         )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -279,9 +273,7 @@ def generate_pki(pki: Path) -> None:
     ]
     key = _key()
     _write_key(pki / "apiserver.key", key)
-    _write_cert(
-        pki / "apiserver.crt", _issue(ca_key, ca_cert, key, _name("kube-apiserver"), server=True, sans=sans)
-    )
+    _write_cert(pki / "apiserver.crt", _issue(ca_key, ca_cert, key, _name("kube-apiserver"), server=True, sans=sans))
 
     for stem, (cn, orgs) in CLIENTS.items():
         key = _key()
@@ -291,9 +283,7 @@ def generate_pki(pki: Path) -> None:
     sa_key = _key()
     _write_key(pki / "sa.key", sa_key)
     (pki / "sa.pub").write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
 
 
@@ -360,9 +350,7 @@ def _reap(pid: int) -> None:
 def start_process(component: str, argv: list[str], log: Path) -> Proc:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
-        out.write(
-            f"\n=== {datetime.datetime.now(datetime.UTC).isoformat()} starting: {' '.join(argv)}\n".encode()
-        )
+        out.write(f"\n=== {datetime.datetime.now(datetime.UTC).isoformat()} starting: {' '.join(argv)}\n".encode())
         out.flush()
         child = subprocess.Popen(
             argv,
@@ -481,9 +469,7 @@ def api_request(
         return 0, str(exc)
 
 
-def _http_check(
-    url: str, ctx: ssl.SSLContext | None = None, etcd: bool = False
-) -> Callable[[], tuple[bool, str]]:
+def _http_check(url: str, ctx: ssl.SSLContext | None = None, etcd: bool = False) -> Callable[[], tuple[bool, str]]:
     def check() -> tuple[bool, str]:
         code, body = http_get(url, ctx)
         return code == 200 and (not etcd or "true" in body), f"{code} {body[-200:]}"
@@ -506,9 +492,7 @@ def wait_for(
             return
         if proc is not None and not proc_alive(proc):
             _reap(proc.pid)
-            raise ClusterError(
-                f"{proc.component} exited while waiting for {what}; see {proc.log}:\n{tail(proc.log)}"
-            )
+            raise ClusterError(f"{proc.component} exited while waiting for {what}; see {proc.log}:\n{tail(proc.log)}")
         time.sleep(interval)
     where = f"; see {proc.log}:\n{tail(proc.log)}" if proc else ""
     raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what} (last: {detail[:300]}){where}")
@@ -803,9 +787,7 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
     try:
         log(f"starting etcd on 127.0.0.1:{ports.etcd_client}")
         etcd = launch("etcd")
-        wait_for(
-            "etcd /health", _http_check(f"http://127.0.0.1:{ports.etcd_client}/health", etcd=True), 60, etcd
-        )
+        wait_for("etcd /health", _http_check(f"http://127.0.0.1:{ports.etcd_client}/health", etcd=True), 60, etcd)
         log(f"starting kube-apiserver on {server}")
         apiserver = launch("kube-apiserver")
         wait_for(
@@ -827,9 +809,7 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
             (kwok, f"http://127.0.0.1:{ports.kwok}/healthz"),
         ):
             wait_for(f"{proc.component} {url}", _http_check(url, insecure), 120, proc, 0.5)
-        wait_for(
-            f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kwok
-        )
+        wait_for(f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kwok)
 
         def default_sa() -> tuple[bool, str]:
             code, _ = api_request(layout, server, "GET", "/api/v1/namespaces/default/serviceaccounts/default")
@@ -899,18 +879,14 @@ def status(state_dir: Path | None = None) -> tuple[bool, str]:
     ok, health = _healthy(info, layout)
     lines = [f"state:      {layout.state}", f"kubeconfig: {layout.kubeconfig}", f"server:     {info.server}"]
     lines += [f"{'ok  ' if good else 'FAIL'} {comp:24} {detail}" for comp, (good, detail) in health.items()]
-    node_ok, node_detail = (
-        node_ready(layout, info.server) if health["kube-apiserver"][0] else (False, "no apiserver")
-    )
+    node_ok, node_detail = node_ready(layout, info.server) if health["kube-apiserver"][0] else (False, "no apiserver")
     lines.append(f"{'ok  ' if node_ok else 'FAIL'} {'node ' + GPU_NODE:24} {node_detail}")
     lines.append(f"logs:       {layout.logs}")
     return ok and node_ok, "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["up", "down", "status", "env"])
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,90 @@
+"""Fixtures for the end-to-end suite: a real local control plane (hack/gpulane_cluster.py).
+
+- ``cluster`` (session): starts the cluster if none is running, reuses a running one. If it cannot start,
+  every e2e test fails with the error and a pointer to the component logs; nothing is skipped. A cluster
+  this session started is stopped at the end (set GPULANE_KEEP_CLUSTER=1 to keep it); a reused one is
+  left running.
+- ``kubeconfig``, ``api_client``, ``core_v1``: the admin kubeconfig and official-client handles.
+- ``kubectl``, ``helm``: run the pinned binaries against the cluster (see ``Cluster.kubectl``).
+- ``namespace``: a fresh namespace per test (its ``default`` ServiceAccount exists), deleted afterwards.
+
+The binaries are built by ``make tools`` (``make test`` depends on it); without them the fixture fails
+and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from .support import Cluster, localcluster, wait_until
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    messages: list[str] = []
+    try:
+        info = localcluster.up(log=messages.append)
+    except (localcluster.ClusterError, OSError, subprocess.CalledProcessError) as exc:
+        pytest.fail(
+            "the local control plane could not be started (hack/gpulane_cluster.py up):\n"
+            + "\n".join(messages)
+            + f"\n{exc}\nBuild the tools with `make tools`; component logs are in "
+            + str(localcluster.default_state_dir() / "logs"),
+            pytrace=False,
+        )
+    started = info.started
+    yield Cluster(info, started)
+    if started and not os.environ.get("GPULANE_KEEP_CLUSTER"):
+        localcluster.down(log=lambda _msg: None)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: Cluster) -> Path:
+    return cluster.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def api_client(cluster: Cluster) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core_v1(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess[str]]:
+    return cluster.kubectl
+
+
+@pytest.fixture
+def helm(cluster: Cluster) -> Callable[..., subprocess.CompletedProcess[str]]:
+    return cluster.helm
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
+    """A new namespace for one test, ready for pods (its default ServiceAccount exists)."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"e2e-{stem}-{uuid.uuid4().hex[:5]}"
+    core_v1.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"gpulane.dev/e2e": "true"}))
+    )
+    wait_until(
+        lambda: core_v1.read_namespaced_service_account("default", name),
+        timeout=60,
+        what=f"ServiceAccount {name}/default",
+    )
+    yield name
+    core_v1.delete_namespace(name, propagation_policy="Background")

@@ -1,0 +1,239 @@
+"""Helpers for the end-to-end suite that are not fixtures: polling, TLS material for webhooks on the host,
+and a small HTTPS admission webhook server. Later suites (gpulane's admission webhook, the bridge, the
+Helm chart) reuse them."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "hack"))
+
+import gpulane_cluster as localcluster  # noqa: E402  (lives in hack/, which is not a package)
+
+__all__ = [
+    "AdmissionWebhookServer",
+    "Cluster",
+    "CommandFailed",
+    "ServingCert",
+    "localcluster",
+    "make_serving_cert",
+    "wait_until",
+]
+
+T = TypeVar("T")
+
+
+class CommandFailed(AssertionError):
+    def __init__(self, argv: Sequence[str], proc: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(f"{' '.join(argv)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+        self.proc = proc
+
+
+@dataclass
+class Cluster:
+    """A running local control plane, as seen by the tests."""
+
+    info: localcluster.ClusterInfo
+    started_here: bool
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.info.kubeconfig
+
+    @property
+    def bindir(self) -> Path:
+        return self.info.bindir
+
+    @property
+    def logs(self) -> Path:
+        return self.info.state_dir / "logs"
+
+    def binary(self, name: str) -> Path:
+        """Path of a pinned tool: kubectl, helm, kwok, etcd, kube-apiserver, ..."""
+        return self.bindir / name
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.info.env()}
+
+    def run(
+        self, tool: str, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        argv = [str(self.binary(tool)), *args]
+        proc = subprocess.run(
+            argv, input=input, capture_output=True, text=True, timeout=timeout, env=self.env(), check=False
+        )
+        if check and proc.returncode != 0:
+            raise CommandFailed(argv, proc)
+        return proc
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the pinned kubectl with the cluster's kubeconfig. With check=True a non-zero exit fails the
+        test with stdout and stderr; with check=False the caller inspects returncode/stderr."""
+        return self.run("kubectl", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check, timeout=timeout)
+
+    def helm(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        return self.run("helm", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check, timeout=timeout)
+
+
+def wait_until(
+    probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2, what: str = "condition"
+) -> T:
+    """Call ``probe`` until it returns something truthy and return that; fail the test after ``timeout``.
+    The last value (or exception) is in the failure message."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = probe()
+        except Exception as exc:  # a probe may race with the object appearing
+            value, last = None, exc
+        else:
+            last = value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+@dataclass
+class ServingCert:
+    """A throwaway CA and a server certificate signed by it, written to ``directory``."""
+
+    directory: Path
+    ca_pem: bytes
+    cert_file: Path
+    key_file: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        return ctx
+
+
+def make_serving_cert(
+    ips: tuple[str, ...] = ("127.0.0.1",), dns: tuple[str, ...] = ("localhost",), directory: Path | None = None
+) -> ServingCert:
+    """A CA plus a serving certificate with the given IP and DNS SANs (the apiserver checks the IP SAN
+    when a webhook's clientConfig.url is https://127.0.0.1:PORT/...)."""
+    directory = directory or Path(tempfile.mkdtemp(prefix="gpulane-e2e-tls-"))
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpulane-e2e-webhook-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    sans += [x509.DNSName(name) for name in dns]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpulane-e2e-webhook")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "tls.crt", directory / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return ServingCert(directory, ca.public_bytes(serialization.Encoding.PEM), cert_file, key_file)
+
+
+Decision = Callable[[dict[str, Any]], tuple[bool, str]]
+
+
+@dataclass
+class AdmissionWebhookServer:
+    """An HTTPS server on 127.0.0.1 (ephemeral port) that answers AdmissionReview v1 requests with
+    ``decide(request) -> (allowed, message)`` and keeps every review it received."""
+
+    decide: Decision
+    tls: ServingCert = field(default_factory=make_serving_cert)
+    reviews: list[dict[str, Any]] = field(default_factory=list)
+    _server: ThreadingHTTPServer | None = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "server not started"
+        return int(self._server.server_address[1])
+
+    def url(self, path: str = "/validate") -> str:
+        return f"https://127.0.0.1:{self.port}{path}"
+
+    def start(self) -> AdmissionWebhookServer:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                review = json.loads(body)
+                owner.reviews.append(review)
+                request = review.get("request", {})
+                allowed, message = owner.decide(request)
+                response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": allowed}
+                if not allowed:
+                    response["status"] = {"code": 403, "message": message}
+                out = json.dumps(
+                    {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep pytest output clean
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.socket = self.tls.server_context().wrap_socket(server.socket, server_side=True)
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="e2e-webhook", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

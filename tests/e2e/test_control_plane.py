@@ -1,0 +1,193 @@
+"""Proof that the local control plane is a real one (issue 3): the apiserver validates CRD schemas, the
+scheduler accounts for the simulated GPU, the controller-manager runs its controllers, and the binaries
+carry real version stamps."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from .support import Cluster, localcluster, wait_until
+
+pytestmark = pytest.mark.e2e
+
+GPU = "nvidia.com/gpu"
+
+
+def test_crd_schema_violation_is_rejected_by_the_apiserver(cluster: Cluster) -> None:
+    group = f"e2e-{uuid.uuid4().hex[:6]}.gpulane.dev"
+    crd = textwrap.dedent(
+        f"""\
+        apiVersion: apiextensions.k8s.io/v1
+        kind: CustomResourceDefinition
+        metadata:
+          name: widgets.{group}
+        spec:
+          group: {group}
+          scope: Namespaced
+          names: {{plural: widgets, singular: widget, kind: Widget}}
+          versions:
+          - name: v1
+            served: true
+            storage: true
+            schema:
+              openAPIV3Schema:
+                type: object
+                properties:
+                  spec:
+                    type: object
+                    required: [model]
+                    properties:
+                      model: {{type: string, minLength: 1}}
+                      replicas: {{type: integer, minimum: 1, maximum: 5}}
+        """
+    )
+    cluster.kubectl("apply", "-f", "-", input=crd)
+    try:
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/widgets.{group}", "--timeout=60s")
+
+        def widget(name: str, replicas: int) -> str:
+            return (
+                f"apiVersion: {group}/v1\nkind: Widget\nmetadata: {{name: {name}, namespace: default}}\n"
+                f"spec: {{model: sdxl, replicas: {replicas}}}\n"
+            )
+
+        # The discovery cache of a fresh CRD can lag a moment behind Established; retry on "no matches".
+        def apply_good() -> bool:
+            proc = cluster.kubectl("apply", "-f", "-", input=widget("good", 3), check=False)
+            assert proc.returncode == 0 or "no matches for kind" in proc.stderr, proc.stderr
+            return proc.returncode == 0
+
+        wait_until(apply_good, timeout=30, what="a valid Widget to be accepted")
+
+        bad = cluster.kubectl("apply", "-f", "-", input=widget("bad", 10), check=False)
+        assert bad.returncode != 0
+        assert "Widget." in bad.stderr and '"bad" is invalid' in bad.stderr, bad.stderr
+        assert "spec.replicas: Invalid value: 10" in bad.stderr, bad.stderr
+        assert "should be less than or equal to 5" in bad.stderr, bad.stderr
+        missing = cluster.kubectl("get", f"widgets.{group}", "bad", "-n", "default", check=False)
+        assert missing.returncode != 0 and "NotFound" in missing.stderr
+    finally:
+        cluster.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
+
+
+def _gpu_pod(name: str) -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(
+            containers=[
+                client.V1Container(
+                    name="backend",
+                    image="gpulane.invalid/backend:e2e",  # never pulled: kwok simulates the kubelet
+                    resources=client.V1ResourceRequirements(limits={GPU: "1"}, requests={GPU: "1"}),
+                )
+            ],
+            termination_grace_period_seconds=1,
+        ),
+    )
+
+
+def _gpu_holders(core_v1: client.CoreV1Api) -> list[str]:
+    pods = core_v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-0").items
+    return [
+        f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in pods
+        if p.status.phase not in ("Succeeded", "Failed")
+        and any((c.resources.limits or {}).get(GPU) for c in p.spec.containers)
+    ]
+
+
+def _scheduled_condition(pod: client.V1Pod) -> Any:
+    return next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+
+
+def test_gpu_pods_are_scheduled_one_at_a_time(cluster: Cluster, core_v1: client.CoreV1Api, namespace: str) -> None:
+    node = core_v1.read_node("gpu-0")
+    assert node.status.allocatable[GPU] == "1" and node.status.capacity[GPU] == "1"
+    # Another test's pods may still be terminating: the GPU must be free before we start.
+    wait_until(lambda: not _gpu_holders(core_v1) or None, timeout=90, what="gpu-0 to have no GPU pods")
+
+    core_v1.create_namespaced_pod(namespace, _gpu_pod("first"))
+
+    def running(name: str) -> client.V1Pod | None:
+        pod = core_v1.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    first = wait_until(lambda: running("first"), timeout=60, what="pod first to be Running")
+    assert first.spec.node_name == "gpu-0"
+    assert first.status.pod_ip, "kwok gives a running pod an IP"
+    assert all(cs.ready for cs in first.status.container_statuses)
+
+    core_v1.create_namespaced_pod(namespace, _gpu_pod("second"))
+
+    def unschedulable() -> Any:
+        cond = _scheduled_condition(core_v1.read_namespaced_pod("second", namespace))
+        return cond if cond is not None and cond.status == "False" else None
+
+    cond = wait_until(unschedulable, timeout=60, what="pod second to be marked unschedulable")
+    assert cond.reason == "Unschedulable"
+    assert f"Insufficient {GPU}" in cond.message, cond.message
+
+    def failed_scheduling_event() -> Any:
+        events = core_v1.list_namespaced_event(
+            namespace, field_selector="involvedObject.name=second,reason=FailedScheduling"
+        ).items
+        return next((e for e in events if f"Insufficient {GPU}" in (e.message or "")), None)
+
+    wait_until(failed_scheduling_event, timeout=30, what="a FailedScheduling event for pod second")
+
+    # While the first pod holds the GPU, the second one stays Pending and unbound.
+    time.sleep(3)
+    second = core_v1.read_namespaced_pod("second", namespace)
+    assert second.status.phase == "Pending" and not second.spec.node_name
+
+    core_v1.delete_namespaced_pod("first", namespace)
+    second = wait_until(lambda: running("second"), timeout=90, what="pod second to be Running after first is gone")
+    assert second.spec.node_name == "gpu-0"
+    with pytest.raises(client.ApiException) as gone:
+        core_v1.read_namespaced_pod("first", namespace)
+    assert gone.value.status == 404
+
+
+def test_controller_manager_creates_default_service_account(cluster: Cluster, core_v1: client.CoreV1Api) -> None:
+    name = f"e2e-sa-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    try:
+        sa = wait_until(
+            lambda: core_v1.read_namespaced_service_account("default", name),
+            timeout=60,
+            what=f"ServiceAccount {name}/default",
+        )
+        assert sa.metadata.name == "default"
+        # The root-CA publisher (also kube-controller-manager) puts the cluster CA into every namespace.
+        ca = wait_until(
+            lambda: core_v1.read_namespaced_config_map("kube-root-ca.crt", name),
+            timeout=60,
+            what="ConfigMap kube-root-ca.crt",
+        )
+        assert ca.data["ca.crt"].startswith("-----BEGIN CERTIFICATE-----")
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_versions_are_stamped(cluster: Cluster) -> None:
+    versions = json.loads(cluster.kubectl("version", "-o", "json").stdout)
+    server, kubectl = versions["serverVersion"], versions["clientVersion"]
+    assert server["gitVersion"].startswith("v1.3") and server["gitVersion"] == kubectl["gitVersion"]
+    assert (server["major"], server["minor"]) == tuple(server["gitVersion"][1:].split(".")[:2])
+    helm = cluster.helm("version", "--template", "{{.Version}}").stdout
+    assert helm.startswith("v3."), helm
+
+
+def test_up_is_idempotent_and_reuses_the_running_cluster(cluster: Cluster) -> None:
+    again = localcluster.up(log=lambda _msg: None)
+    assert not again.started
+    assert [p.pid for p in again.procs] == [p.pid for p in cluster.info.procs]
+    ok, text = localcluster.status()
+    assert ok, text
