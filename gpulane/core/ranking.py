@@ -90,7 +90,7 @@ class FairShareRanking:
         elif queue[0][2] == job.id:
             self._refresh_head(qkey)
         base = job.priority + self.policy.bonus_for_tier(job.tier)
-        self._no_fair_share.put(job.id, job.model, base - job.submitted_at / self._divisor, seq, job)
+        self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
 
     def remove(self, job_id: str) -> Job | None:
         found = self._jobs.pop(job_id, None)
@@ -115,7 +115,7 @@ class FairShareRanking:
         self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
 
     def best(self, resident: str | None) -> Best | None:
-        return self._heads.best(resident, self.policy.affinity_bonus)
+        return self._heads.best(resident, self.policy.affinity_bonus * self._divisor)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         return ScoreBreakdown(
@@ -131,7 +131,7 @@ class FairShareRanking:
         candidates = {
             "aging": self._heads_no_aging.best(resident, bonus),
             "affinity": self._heads.best(None, 0),
-            "fairShare": self._no_fair_share.best(resident, bonus),
+            "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),
         }
         return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
 
@@ -170,6 +170,8 @@ class FairShareRanking:
         for model in list(self._models.get(level, ())):
             self._refresh_head((*level, model))
 
+    # Keys with aging are kept in seconds, (priority + tier) * divisor - aging_start, which is the
+    # score times the divisor minus a shared now: exact for whole-second clocks, so ties stay ties.
     def _refresh_head(self, qkey: QueueKey) -> None:
         queue = self._queues[qkey]
         while queue and queue[0][2] not in self._jobs:
@@ -186,7 +188,7 @@ class FairShareRanking:
             return
         job, seq = self._jobs[queue[0][2]]
         base = job.priority + self.policy.bonus_for_tier(job.tier)
-        self._heads.put(qkey, job.model, base - self._aging_start(job) / self._divisor, seq, job)
+        self._heads.put(qkey, job.model, base * self._divisor - self._aging_start(job), seq, job)
         self._heads_no_aging.put(qkey, job.model, base, seq, job)
 
 
