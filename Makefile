@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint demo clean
+.PHONY: install test unit lint demo bench plots clean
 .DEFAULT_GOAL := help
 
 help:
@@ -12,6 +12,8 @@ help:
 	@echo "make test      - install everything needed and run the whole suite (unit + e2e)"
 	@echo "make lint      - ruff, and mypy strict on gpulane/core"
 	@echo "make install   - create .venv and install gpulane with its dev extras"
+	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make plots     - regenerate the scenario plots in docs/img/"
 
 install: $(STAMP)
 $(STAMP): pyproject.toml
@@ -35,7 +37,18 @@ lint: install
 	$(BIN)/mypy gpulane/core
 
 demo: install
-	$(BIN)/gpulane simulate scenarios/film-burst-vs-interactive.yaml --compare fifo,strict,llama-swap,gpulane
+	$(BIN)/gpulane simulate scenarios/film-burst-vs-interactive.yaml --compare fifo,strict,llama-swap,gpulane,per-job-aging
+
+bench: install
+	$(BIN)/python bench/dispatch.py
+	$(BIN)/python bench/simulator.py
+
+SCENARIOS := $(wildcard scenarios/*.yaml)
+plots: install
+	@mkdir -p docs/img
+	@for s in $(SCENARIOS); do \
+		$(BIN)/gpulane simulate $$s --compare fifo,strict,llama-swap,gpulane,per-job-aging --plot docs/img/$$(basename $$s .yaml).png; \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -40,6 +40,10 @@ class RankedIndex(Generic[T]):
         heapq.heappush(self._by_model.setdefault(model, []), entry)
         self._maybe_compact()
 
+    def current(self, item: Hashable) -> T | None:
+        entry = self._live.get(item)
+        return None if entry is None else entry[4]
+
     def discard(self, item: Hashable) -> None:
         if self._live.pop(item, None) is not None:
             self._model_of.pop(item, None)

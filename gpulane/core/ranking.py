@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Protocol
 
 from gpulane.core.jobs import Job
@@ -58,7 +58,8 @@ class FairShareRanking:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self._jobs: dict[str, tuple[Job, int]] = {}
+        self._divisor = policy.aging_divisor_seconds
+        self._jobs: dict[str, tuple[Job, int, MemberLevel]] = {}
         self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
@@ -74,11 +75,11 @@ class FairShareRanking:
         return job_id in self._jobs
 
     def pending(self) -> Iterator[Job]:
-        return (job for job, _ in self._jobs.values())
+        return (entry[0] for entry in self._jobs.values())
 
     def add(self, job: Job, seq: int) -> None:
-        self._jobs[job.id] = (job, seq)
-        level = self._level(job)
+        level = (job.member, self.policy.band(job.priority))
+        self._jobs[job.id] = (job, seq, level)
         qkey = (*level, job.model)
         queue = self._queues.setdefault(qkey, [])
         heapq.heappush(queue, (-job.priority, seq, job.id))
@@ -96,9 +97,8 @@ class FairShareRanking:
         found = self._jobs.pop(job_id, None)
         if found is None:
             return None
-        job = found[0]
+        job, _, level = found
         self._no_fair_share.discard(job_id)
-        level = self._level(job)
         if self._oldest[level][0][2] == job_id:
             self._refresh_level(level)
         else:
@@ -108,9 +108,8 @@ class FairShareRanking:
         return job
 
     def take(self, job: Job, now: float) -> None:
-        self._jobs.pop(job.id)
+        level = self._jobs.pop(job.id)[2]
         self._no_fair_share.discard(job.id)
-        level = self._level(job)
         self._last_dispatch[level] = now
         self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
 
@@ -122,7 +121,7 @@ class FairShareRanking:
             priority=job.priority,
             tier=self.policy.bonus_for_tier(job.tier),
             affinity=self.policy.affinity_bonus if job.model == resident else 0,
-            aging=max(0.0, now - self._aging_start(job)) / self._divisor,
+            aging=max(0.0, now - self._aging_start(job, (job.member, self.policy.band(job.priority)))) / self._divisor,
         )
 
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
@@ -147,15 +146,7 @@ class FairShareRanking:
         clone._no_fair_share = self._no_fair_share.copy()
         return clone
 
-    @property
-    def _divisor(self) -> float:
-        return self.policy.aging_divisor_seconds
-
-    def _level(self, job: Job) -> MemberLevel:
-        return (job.member, self.policy.band(job.priority))
-
-    def _aging_start(self, job: Job) -> float:
-        level = self._level(job)
+    def _aging_start(self, job: Job, level: MemberLevel) -> float:
         last = self._last_dispatch.get(level)
         if last is None:
             return job.submitted_at
@@ -186,20 +177,24 @@ class FairShareRanking:
             self._heads.discard(qkey)
             self._heads_no_aging.discard(qkey)
             return
-        job, seq = self._jobs[queue[0][2]]
+        job, seq, level = self._jobs[queue[0][2]]
         base = job.priority + self.policy.bonus_for_tier(job.tier)
-        self._heads.put(qkey, job.model, base * self._divisor - self._aging_start(job), seq, job)
-        self._heads_no_aging.put(qkey, job.model, base, seq, job)
+        self._heads.put(qkey, job.model, base * self._divisor - self._aging_start(job, level), seq, job)
+        if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
+            self._heads_no_aging.put(qkey, job.model, base, seq, job)
 
 
 class OrderedRanking:
-    """A baseline: one static key per job, ties to arrival, an optional bonus for the resident model."""
+    """A baseline: one static key per job, ties to arrival, an optional bonus for the resident model.
 
-    def __init__(self, name: str, policy: Policy, key: Callable[[Job], float], resident_bonus: float) -> None:
+    ``priority`` ranks by priority + tier; ``aging`` adds aging from each job's own submission
+    (the per-job aging that the burst pitfall is about); ``resident_bonus`` is in aging-seconds.
+    """
+
+    def __init__(self, name: str, policy: Policy, *, priority: bool, aging: bool, resident_bonus: float = 0.0) -> None:
         self.name = name
         self.policy = policy
-        self._key = key
-        self._bonus = resident_bonus
+        self._priority, self._aging, self._bonus = priority, aging, resident_bonus
         self._jobs: dict[str, Job] = {}
         self._index: RankedIndex[Job] = RankedIndex()
 
@@ -213,8 +208,13 @@ class OrderedRanking:
         return iter(self._jobs.values())
 
     def add(self, job: Job, seq: int) -> None:
+        key = 0.0
+        if self._priority:
+            key += (job.priority + self.policy.bonus_for_tier(job.tier)) * self.policy.aging_divisor_seconds
+        if self._aging:
+            key -= job.submitted_at
         self._jobs[job.id] = job
-        self._index.put(job.id, job.model, self._key(job), seq, job)
+        self._index.put(job.id, job.model, key, seq, job)
 
     def remove(self, job_id: str) -> Job | None:
         self._index.discard(job_id)
@@ -227,31 +227,41 @@ class OrderedRanking:
         return self._index.best(resident, self._bonus)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
-        return ScoreBreakdown(job.priority, self.policy.bonus_for_tier(job.tier), 0, 0.0)
+        scored_affinity = 0 < self._bonus < math.inf and job.model == resident
+        return ScoreBreakdown(
+            job.priority,
+            self.policy.bonus_for_tier(job.tier),
+            self.policy.affinity_bonus if scored_affinity else 0,
+            (now - job.submitted_at) / self.policy.aging_divisor_seconds if self._aging else 0.0,
+        )
 
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
         return {}
 
     def copy(self) -> OrderedRanking:
-        clone = OrderedRanking(self.name, self.policy, self._key, self._bonus)
+        clone = OrderedRanking(
+            self.name, self.policy, priority=self._priority, aging=self._aging, resident_bonus=self._bonus
+        )
         clone._jobs = dict(self._jobs)
         clone._index = self._index.copy()
         return clone
 
 
 def make_ranking(name: str, policy: Policy) -> Ranking:
-    """The named policy: ``gpulane`` or one of the baselines it is compared against."""
+    """The named policy: ``gpulane``, a baseline it is compared against, or an ablation."""
     if name == "gpulane":
         return FairShareRanking(policy)
     if name == "fifo":
-        return OrderedRanking(name, policy, lambda job: 0.0, resident_bonus=0.0)
+        return OrderedRanking(name, policy, priority=False, aging=False)
     if name == "strict":
-        return OrderedRanking(
-            name, policy, lambda job: job.priority + policy.bonus_for_tier(job.tier), resident_bonus=0.0
-        )
+        return OrderedRanking(name, policy, priority=True, aging=False)
     if name == "llama-swap":
-        return OrderedRanking(name, policy, lambda job: 0.0, resident_bonus=math.inf)
+        return OrderedRanking(name, policy, priority=False, aging=False, resident_bonus=math.inf)
+    if name == "per-job-aging":
+        affinity = policy.affinity_bonus * policy.aging_divisor_seconds
+        return OrderedRanking(name, policy, priority=True, aging=True, resident_bonus=affinity)
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(RANKINGS)}")
 
 
-RANKINGS = ("fifo", "strict", "llama-swap", "gpulane")
+# The four compared in the brief, then gpulane's score without fair share (the burst pitfall).
+RANKINGS = ("fifo", "strict", "llama-swap", "gpulane", "per-job-aging")

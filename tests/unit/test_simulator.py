@@ -81,3 +81,9 @@ def test_decision_records_count_when_terms_changed_the_winner(results):
     changed = results[("two-films", "gpulane")]["overall"]["winnerChangedBy"]
     assert changed["fairShare"] > 50  # per-job aging would have served alice's older shots
     assert results[("two-films", "fifo")]["overall"]["winnerChangedBy"] == {}
+
+
+def test_per_job_aging_reproduces_the_burst_pitfall(results):
+    """The ablation: gpulane's score with aging from each job's own submission and no fair share."""
+    pitfall = results[("film-burst-vs-interactive", "per-job-aging")]
+    assert wait(pitfall, "images", "p95") > 4 * 3600

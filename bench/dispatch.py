@@ -1,0 +1,106 @@
+"""Dispatch decision latency with N pending jobs, against a rescore-everything baseline.
+
+Each measured decision is one ``JobFinished`` event on a busy lane that yields one dispatch,
+the operator's hot path. A new job is submitted after each decision so N stays constant.
+The baseline picks the same winner by rescoring every pending job, run in the same process
+so the ratio survives a noisy machine.
+
+    .venv/bin/python bench/dispatch.py [--pending 10000 100000] [--decisions 2000] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import random
+import statistics
+import time
+
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated
+from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
+from gpulane.core.policy import Policy
+
+MODELS = ["sdxl", "flux", "h3-video", "qwen-7b"]
+TIERS = ["free", "pro", "max"]
+PRIORITIES = [-100, -100, 0, 0, 0, 100, 5, -3]
+
+
+def make_job(rng: random.Random, i: int, now: float, members: int) -> Job:
+    return Job(
+        f"job-{i}",
+        rng.choice(MODELS),
+        rng.choice(PRIORITIES),
+        rng.choice(TIERS),
+        f"member-{rng.randrange(members)}",
+        now,
+    )
+
+
+def build(pending: int, members: int, seed: int) -> tuple[Dispatcher, list[float], random.Random]:
+    rng = random.Random(seed)
+    clock = [0.0]
+    d = Dispatcher(Policy(), lambda: clock[0], ModelCatalog([ModelSpec(m) for m in MODELS]))
+    d.handle(LaneUpdated("gpu-0", resident="sdxl"))
+    for i in range(pending + 1):  # the first one starts running at once
+        clock[0] = i * 0.5
+        d.handle(JobSubmitted(make_job(rng, i, clock[0], members)))
+    return d, clock, rng
+
+
+def measure(pending: int, members: int, decisions: int, seed: int) -> list[float]:
+    d, clock, rng = build(pending, members, seed)
+    running = next(iter(d.running))
+    samples = []
+    gc.collect()
+    gc.freeze()  # setup garbage is not what we measure
+    for k in range(decisions):
+        clock[0] += 60
+        t0 = time.perf_counter_ns()
+        [decision] = d.handle(JobFinished(running))
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+        running = decision.job.id
+        d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members)))
+    gc.unfreeze()
+    return samples
+
+
+def measure_rescoring(pending: int, members: int, decisions: int, seed: int) -> list[float]:
+    """The baseline: score every pending job from scratch at each decision."""
+    d, clock, _ = build(pending, members, seed)
+    ranking, lane = d.ranking, d.lanes["gpu-0"]
+    samples = []
+    for _ in range(decisions):
+        clock[0] += 60
+        t0 = time.perf_counter_ns()
+        max(ranking.pending(), key=lambda job: ranking.breakdown(job, lane.resident, clock[0]).total)
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+    return samples
+
+
+def summary(samples: list[float]) -> tuple[float, float]:
+    return statistics.median(samples), statistics.quantiles(samples, n=100)[98]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pending", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--members", type=int, default=500)
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--baseline-decisions", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=5, help="independent runs; the median of their medians")
+    args = parser.parse_args()
+    print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members, 4 models")
+    print(f"{'pending':>8} {'median us':>10} {'p99 us':>8} {'rescore median us':>18} {'ratio':>7}")
+    for n in args.pending:
+        runs = [measure(n, args.members, args.decisions, args.seed + r) for r in range(args.repeat)]
+        med = statistics.median(summary(run)[0] for run in runs)
+        p99 = summary([x for run in runs for x in run])[1]
+        base, _ = summary(measure_rescoring(n, args.members, args.baseline_decisions, args.seed))
+        print(f"{n:>8} {med:>10.1f} {p99:>8.1f} {base:>18.0f} {base / med:>6.0f}x")
+
+
+if __name__ == "__main__":
+    main()
