@@ -7,7 +7,7 @@ scheduling run in milliseconds under test, and the simulator drives the very sam
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpulane.core.events import (
@@ -98,15 +98,9 @@ class Dispatcher:
                 self.models.update(spec)
         return self._decide()
 
-    def handle_all(self, events: Iterable[Event]) -> list[Dispatch]:
-        return [d for event in events for d in self.handle(event)]
-
     @property
     def pending_count(self) -> int:
         return len(self.ranking)
-
-    def is_pending(self, job_id: str) -> bool:
-        return job_id in self.ranking
 
     def _submit(self, job: Job) -> None:
         if job.id in self.ranking or job.id in self.running:

@@ -30,7 +30,8 @@ def test_json_has_jobs_and_summary(capsys):
     assert probe["stream"] is None
     images = payload["summary"]["streams"]["images"]
     assert {"p50", "p95", "p99", "max"} <= set(images["waitSeconds"])
-    assert {"swaps", "gpuShare"} <= set(images)
+    assert {"swaps", "gpuUtilisation"} <= set(images)
+    assert probe["score"]["priority"] == 100 and probe["score"]["total"] >= 100
     assert "interactive" in payload["summary"]["bands"]
     assert 0 < payload["summary"]["overall"]["gpuUtilisation"] <= 1
 

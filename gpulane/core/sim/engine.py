@@ -35,6 +35,7 @@ class JobRecord:
     cold_start: bool = False
     lane: str | None = None
     changed_by: dict[str, str] = field(default_factory=dict)
+    score: dict[str, float] = field(default_factory=dict)  # the breakdown when it was dispatched
 
     @property
     def wait(self) -> float:
@@ -165,6 +166,7 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
         record = records[decision.job.id]
         t = now[0]
         record.dispatched_at, record.lane, record.changed_by = t, decision.lane, decision.changed_by
+        record.score = decision.score.as_dict()
         band = band_of(record.priority)
         members = waiting[band]
         if sum(1 for n in members.values() if n) >= 2:

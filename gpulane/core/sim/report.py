@@ -62,7 +62,7 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
             "unfinished": sum(1 for r in records if r.finished_at is None),
             "waitSeconds": _wait_stats(records),
             "swaps": sum(1 for r in records if r.cold_start),
-            "gpuShare": sum(r.run_seconds for r in records if r.started_at is not None) / span,
+            "gpuUtilisation": sum(r.run_seconds for r in records if r.started_at is not None) / span,
         }
         for name, records in streams.items()
     }
@@ -107,6 +107,7 @@ def jobs_json(result: SimResult) -> list[dict[str, Any]]:
             "coldStart": j.cold_start,
             "lane": j.lane,
             "changedBy": j.changed_by,
+            "score": j.score,
         }
         for j in result.jobs
     ]
