@@ -18,7 +18,7 @@ CLUSTER_PY = $(BIN)/python hack/gpulane_cluster.py
 
 tools:
 	@hack/tools/build.sh >/dev/null
-	@echo "tools: $$(hack/tools/build.sh --bindir)"
+	@echo "tools: $$(hack/tools/build.sh --bindir)" >&2
 
 cluster-up: install tools
 	@$(CLUSTER_PY) up

@@ -74,13 +74,19 @@ trap 'rm -rf "$STAGE"' EXIT
 P=${GPULANE_BUILD_P:-$(nproc)}
 BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
-gobuild() { # gobuild MODULE_DIR LDFLAGS PACKAGE...
+gobuild() { # gobuild MODULE_DIR LDFLAGS PACKAGE... : build into the stage, then move into BINDIR
   local dir=$1 ldflags=$2; shift 2
   echo ">> building $* (in hack/tools/$dir, -p $P)" >&2
   local t0=$SECONDS
   (cd "$HERE/$dir" && "$GO" build -p "$P" -trimpath -buildvcs=false -ldflags "-s -w $ldflags" -o "$STAGE/" "$@") ||
     die "go build failed in hack/tools/$dir for: $*"
   echo ">> built $* in $((SECONDS - t0))s" >&2
+}
+
+publish() { # publish STAGED_NAME [FINAL_NAME]: move one finished binary into BINDIR
+  mkdir -p "$BINDIR"
+  [[ -f "$STAGE/$1" ]] || die "expected $STAGE/$1 after the build; found: $(ls "$STAGE")"
+  mv -f "$STAGE/$1" "$BINDIR/${2:-$1}"
 }
 
 need() { local b; for b in "$@"; do [[ -x "$BINDIR/$b" ]] || return 0; done; return 1; }
@@ -95,21 +101,22 @@ if need kube-apiserver kube-scheduler kube-controller-manager kubectl; then
   gobuild kubernetes "$K8S_LDFLAGS" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+  for b in kube-apiserver kube-scheduler kube-controller-manager kubectl; do publish "$b"; done
 fi
 if need etcd; then
   gobuild etcd "" go.etcd.io/etcd/server/v3
-  mv "$STAGE/v3" "$STAGE/etcd" # the main package is the module root, whose last element is "v3"
+  publish server etcd # the main package is the module root; go build names a .../server/v3 binary "server"
 fi
 if need kwok; then
   gobuild kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" sigs.k8s.io/kwok/cmd/kwok
+  publish kwok
 fi
 if need helm; then
   gobuild helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
     helm.sh/helm/v3/cmd/helm
+  publish helm
 fi
 
-mkdir -p "$BINDIR"
-for b in "$STAGE"/*; do mv -f "$b" "$BINDIR/"; done
 m=$(missing)
 [[ -z "$m" ]] || die "build finished but these binaries are missing from $BINDIR: $m"
 printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ngo %s\nbuilt %s\n' "$K8S_VERSION" "$ETCD_VERSION" \

@@ -68,7 +68,7 @@ def test_crd_schema_violation_is_rejected_by_the_apiserver(cluster: Cluster) -> 
 
         bad = cluster.kubectl("apply", "-f", "-", input=widget("bad", 10), check=False)
         assert bad.returncode != 0
-        assert "Widget." in bad.stderr and '"bad" is invalid' in bad.stderr, bad.stderr
+        assert 'The Widget "bad" is invalid' in bad.stderr, bad.stderr
         assert "spec.replicas: Invalid value: 10" in bad.stderr, bad.stderr
         assert "should be less than or equal to 5" in bad.stderr, bad.stderr
         missing = cluster.kubectl("get", f"widgets.{group}", "bad", "-n", "default", check=False)
