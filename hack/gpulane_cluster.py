@@ -753,6 +753,11 @@ def up(log: Log = _stderr, state_dir: Path | None = None, ports: Ports | None = 
         return _start(layout, ports or default_ports(), log)
 
 
+def _timed(log: Log, t0: float) -> Log:
+    """Prefix each message with the seconds since ``t0``."""
+    return lambda msg: log(f"[{time.monotonic() - t0:5.1f}s] {msg}")
+
+
 def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
     bindir = tools_bindir()
     missing = missing_binaries(bindir)
@@ -766,6 +771,7 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
             check_port_free(port, comp)
 
     t0 = time.monotonic()
+    log = _timed(log, t0)
     layout.state.mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(exist_ok=True)
     generate_pki(layout.pki)
@@ -788,6 +794,7 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
         log(f"starting etcd on 127.0.0.1:{ports.etcd_client}")
         etcd = launch("etcd")
         wait_for("etcd /health", _http_check(f"http://127.0.0.1:{ports.etcd_client}/health", etcd=True), 60, etcd)
+        log("etcd is healthy")
         log(f"starting kube-apiserver on {server}")
         apiserver = launch("kube-apiserver")
         wait_for(
@@ -797,6 +804,7 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
             apiserver,
             0.5,
         )
+        log("kube-apiserver is ready")
         log("starting kube-controller-manager, kube-scheduler and kwok")
         kcm = launch("kube-controller-manager")
         sched = launch("kube-scheduler")
@@ -809,7 +817,9 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
             (kwok, f"http://127.0.0.1:{ports.kwok}/healthz"),
         ):
             wait_for(f"{proc.component} {url}", _http_check(url, insecure), 120, proc, 0.5)
+        log("kube-controller-manager, kube-scheduler and kwok are healthy")
         wait_for(f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kwok)
+        log(f"node {GPU_NODE} is Ready with {GPU_RESOURCE}: 1")
 
         def default_sa() -> tuple[bool, str]:
             code, _ = api_request(layout, server, "GET", "/api/v1/namespaces/default/serviceaccounts/default")
@@ -820,7 +830,7 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
         log(f"cluster start failed: {exc}\nstopping what was started; logs are kept in {layout.logs}")
         _teardown(layout, info.procs, log, keep_logs=True)
         raise
-    log(f"cluster ready in {time.monotonic() - t0:.1f}s (state {layout.state}, logs {layout.logs})")
+    log(f"cluster ready (state {layout.state}, logs {layout.logs})")
     return info
 
 

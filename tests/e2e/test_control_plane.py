@@ -155,6 +155,41 @@ def test_gpu_pods_are_scheduled_one_at_a_time(cluster: Cluster, core_v1: client.
     assert gone.value.status == 404
 
 
+def test_kwok_ready_delay_annotation_simulates_a_slow_start(core_v1: client.CoreV1Api, namespace: str) -> None:
+    """hack/kwok/stages.yaml: a bound pod with gpulane.dev/kwok-ready-delay stays Pending for that long."""
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="slow", annotations={"gpulane.dev/kwok-ready-delay": "4s"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="gpulane.invalid/slow:e2e")]),
+    )
+    core_v1.create_namespaced_pod(namespace, pod)
+    bound = wait_until(
+        lambda: (p := core_v1.read_namespaced_pod("slow", namespace)).spec.node_name and p,
+        timeout=30,
+        what="pod slow to be bound",
+    )
+    assert bound.spec.node_name == "gpu-0"
+    assert bound.status.phase == "Pending"
+    scheduled = _scheduled_condition(bound)
+    assert scheduled is not None and scheduled.status == "True"
+
+    def running() -> client.V1Pod | None:
+        p = core_v1.read_namespaced_pod("slow", namespace)
+        return p if p.status.phase == "Running" else None
+
+    started = wait_until(running, timeout=60, what="pod slow to be Running")
+    # Timestamps have one-second resolution: 4s of delay leaves at least 3s between them.
+    assert (started.status.start_time - started.metadata.creation_timestamp).total_seconds() >= 3
+    # kwok's status patch merges conditions by type: the scheduler's PodScheduled condition is intact.
+    after = _scheduled_condition(started)
+    assert after is not None and after.last_transition_time == scheduled.last_transition_time
+    assert {c.type: c.status for c in started.status.conditions} == {
+        "PodScheduled": "True",
+        "Initialized": "True",
+        "ContainersReady": "True",
+        "Ready": "True",
+    }
+
+
 def test_controller_manager_creates_default_service_account(cluster: Cluster, core_v1: client.CoreV1Api) -> None:
     name = f"e2e-sa-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
