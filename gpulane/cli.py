@@ -27,8 +27,14 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ScenarioError, PolicyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for warning in scenario.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     policies = args.compare or [args.policy]
-    results = {name: simulate(scenario, name) for name in policies}
+    try:
+        results = {name: simulate(scenario, name) for name in policies}
+    except ScenarioError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     spacing = scenario.policy.band_spacing
     summaries = {name: summarize(result, spacing) for name, result in results.items()}
     if args.json:
@@ -45,7 +51,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 "jobs": jobs_json(result),
                 "summary": summaries[args.policy],
             }
-        json.dump(payload, sys.stdout, indent=1)
+        json.dump(payload, sys.stdout, indent=1, allow_nan=False)
         print()
     else:
         print(f"scenario {scenario.name}: {len(next(iter(results.values())).jobs)} jobs, seed {scenario.seed}")

@@ -6,9 +6,10 @@ scheduling run in milliseconds under test, and the simulator drives the very sam
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpulane.core.events import (
     Dispatch,
@@ -20,6 +21,7 @@ from gpulane.core.events import (
     LaneUpdated,
     ModelLoaded,
     ModelUpdated,
+    QueueServed,
 )
 from gpulane.core.jobs import Job, ModelCatalog
 from gpulane.core.policy import Policy
@@ -37,6 +39,7 @@ class Lane:
     resident: str | None = None
     ready: bool = False
     running: set[str] = field(default_factory=set)
+    loading_since: float | None = None  # when the resident model's load began, until it is ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,7 @@ class Running:
     job: Job
     lane: str
     dispatched_at: float
-    load: bool
+    started_at: float | None  # None while it waits for its model to load
 
 
 class DispatchError(ValueError):
@@ -86,12 +89,12 @@ class Dispatcher:
                 self._finish(job_id, run_seconds)
             case JobAdopted(job, adopted_on, started_at):
                 self._adopt(job, adopted_on, started_at)
+            case QueueServed(member, priority, at):
+                self.ranking.note_served(member, priority, at)
             case LaneUpdated(lane_id, online, resident):
                 self._update_lane(lane_id, online, resident)
             case ModelLoaded(lane_id, model, load_seconds):
-                loaded = self.lanes.get(lane_id)
-                if loaded is not None and loaded.resident == model:
-                    loaded.ready = True
+                self._loaded(lane_id, model)
                 if load_seconds is not None:
                     self.models.observe_load(model, load_seconds)
             case ModelUpdated(spec):
@@ -106,6 +109,12 @@ class Dispatcher:
         if job.id in self.ranking or job.id in self.running:
             raise DispatchError(f"job {job.id!r} is already known to the dispatcher")
         self.policy.bonus_for_tier(job.tier)  # rejects unknown tiers before they are queued
+        self.policy.check_priority(job.priority)
+        if not math.isfinite(job.submitted_at):
+            raise DispatchError(f"job {job.id!r}: submission time {job.submitted_at} is not finite")
+        expected = job.expected_run_seconds
+        if expected is not None and not (math.isfinite(expected) and expected >= 0):
+            raise DispatchError(f"job {job.id!r}: expected run seconds {expected} is not a finite number >= 0")
         self._seq += 1
         self.ranking.add(job, self._seq)
 
@@ -122,15 +131,27 @@ class Dispatcher:
     def _adopt(self, job: Job, lane_id: str, started_at: float) -> None:
         self.ranking.remove(job.id)
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
-        lane.resident, lane.ready = job.model, True
+        lane.resident, lane.ready, lane.loading_since = job.model, True, None
         lane.running.add(job.id)
-        self.running[job.id] = Running(job, lane_id, started_at, load=False)
+        self.running[job.id] = Running(job, lane_id, started_at, started_at)
+        self.ranking.note_served(job.member, job.priority, started_at)
 
     def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.online = online
         if resident != lane.resident:
-            lane.resident, lane.ready = resident, resident is not None
+            lane.resident, lane.ready, lane.loading_since = resident, resident is not None, None
+
+    def _loaded(self, lane_id: str, model: str) -> None:
+        lane = self.lanes.get(lane_id)
+        if lane is None or lane.resident != model or lane.ready:
+            return  # a stale report: the lane has moved on, or already knows
+        now = self.clock()
+        lane.ready, lane.loading_since = True, None
+        for job_id in lane.running:
+            run = self.running[job_id]
+            if run.started_at is None:
+                self.running[job_id] = replace(run, started_at=now)
 
     # -- decisions ----------------------------------------------------------------------
 
@@ -173,9 +194,9 @@ class Dispatcher:
         replaces = lane.resident if load else None
         self.ranking.take(job, now)
         if load:
-            lane.resident, lane.ready = job.model, False
+            lane.resident, lane.ready, lane.loading_since = job.model, False, now
         lane.running.add(job.id)
-        self.running[job.id] = Running(job, lane.id, now, load)
+        self.running[job.id] = Running(job, lane.id, now, now if lane.ready else None)
         decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
         if self._explain:
             self.history.append(decision)
@@ -186,7 +207,9 @@ class Dispatcher:
     def fork(self, clock: Clock) -> Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
-        clone.lanes = {k: Lane(v.id, v.online, v.resident, v.ready, set(v.running)) for k, v in self.lanes.items()}
+        clone.lanes = {
+            k: Lane(v.id, v.online, v.resident, v.ready, set(v.running), v.loading_since) for k, v in self.lanes.items()
+        }
         clone.running = dict(self.running)
         clone._seq = self._seq
         return clone

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+# Longer than any job or scenario; beyond it a typo (or an attack) becomes an overflow to inf.
+MAX_SECONDS = 10 * 365 * 86400.0
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
@@ -29,4 +31,6 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"duration {value!r} is not finite")
     if seconds < 0:
         raise ValueError(f"duration {value!r} is negative")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"duration {value!r} is longer than 10 years")
     return seconds

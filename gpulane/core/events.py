@@ -36,6 +36,19 @@ class JobAdopted:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueServed:
+    """A member's queue at ``priority``'s band was last served at ``at``.
+
+    After a restart the shell replays pending jobs, then reports when each (member, band) was
+    last served, so that a burst does not suddenly count its whole age (the burst pitfall).
+    """
+
+    member: str
+    priority: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class LaneUpdated:
     """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it."""
 
@@ -58,7 +71,7 @@ class ModelUpdated:
     spec: ModelSpec
 
 
-Event = JobSubmitted | JobCancelled | JobFinished | JobAdopted | LaneUpdated | ModelLoaded | ModelUpdated
+Event = JobSubmitted | JobCancelled | JobFinished | JobAdopted | QueueServed | LaneUpdated | ModelLoaded | ModelUpdated
 
 
 @dataclass(frozen=True, slots=True)

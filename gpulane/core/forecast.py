@@ -30,18 +30,21 @@ def forecast(dispatcher: Dispatcher) -> list[Forecast]:
     models = sim.models
     order = itertools.count()
     ends: list[tuple[float, int, str]] = []
+    ready_at: dict[str, float] = {}  # lanes still loading: when their model should be ready
+    for lane in dispatcher.lanes.values():
+        if lane.loading_since is not None and lane.resident is not None:
+            ready_at[lane.id] = max(now, lane.loading_since + models.get(lane.resident).load_seconds)
     for job_id, run in dispatcher.running.items():
-        lane = dispatcher.lanes.get(run.lane)
-        loading = run.load and (lane is None or not lane.ready)
-        load = models.get(run.job.model).load_seconds if loading else 0.0
-        end = max(now, run.dispatched_at + load + models.expected_run(run.job))
-        heapq.heappush(ends, (end, next(order), job_id))
+        start = run.started_at if run.started_at is not None else ready_at.get(run.lane, now)
+        heapq.heappush(ends, (max(now, start + models.expected_run(run.job)), next(order), job_id))
 
     result: list[Forecast] = []
     while sim.pending_count and ends:
         virtual[0], _, job_id = heapq.heappop(ends)
         for decision in sim.handle(JobFinished(job_id)):
-            start = virtual[0] + (models.get(decision.model).load_seconds if decision.load else 0.0)
+            if decision.load:
+                ready_at[decision.lane] = virtual[0] + models.get(decision.model).load_seconds
+            start = max(virtual[0], ready_at.get(decision.lane, virtual[0]))
             result.append(Forecast(decision.job.id, len(result) + 1, decision.lane, start))
             heapq.heappush(ends, (start + models.expected_run(decision.job), next(order), decision.job.id))
 

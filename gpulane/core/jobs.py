@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -26,10 +27,13 @@ class ModelSpec:
     run_seconds: float = 60.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
+            raise ValueError(f"model {self.name!r}: maxConcurrency must be an integer, got {self.max_concurrency!r}")
         if self.max_concurrency < 1:
             raise ValueError(f"model {self.name!r}: maxConcurrency must be >= 1, got {self.max_concurrency}")
-        if self.load_seconds < 0 or self.run_seconds < 0:
-            raise ValueError(f"model {self.name!r}: load and run seconds must be >= 0")
+        for what, value in (("load", self.load_seconds), ("run", self.run_seconds)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"model {self.name!r}: {what} seconds must be a finite number >= 0, got {value}")
 
 
 class ModelCatalog:

@@ -36,7 +36,7 @@ class PriorityBounds(CamelModel):
 class Policy(CamelModel):
     tier_bonus: dict[str, int] = Field(default_factory=lambda: {"free": 0, "pro": 1, "max": 2})
     affinity_bonus: int = Field(default=10, ge=0)
-    aging_divisor_seconds: float = Field(default=60.0, gt=0)
+    aging_divisor_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     band_spacing: int = Field(default=100, gt=0)
     priority_bounds: PriorityBounds = Field(default_factory=PriorityBounds)
 
@@ -68,6 +68,12 @@ class Policy(CamelModel):
     def band(self, priority: int) -> int:
         return band_of(priority, self.band_spacing)
 
-    def clamp(self, priority: int) -> int:
-        """Bring a caller's priority inside the policy's bounds."""
-        return max(self.priority_bounds.min, min(self.priority_bounds.max, priority))
+    def check_priority(self, priority: object) -> int:
+        """The priority if it is an int inside the policy's bounds; a PolicyError saying why otherwise."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise PolicyError(f"priority must be an integer, got {type(priority).__name__}")
+        low, high = self.priority_bounds.min, self.priority_bounds.max
+        if not low <= priority <= high:
+            shown = str(priority) if abs(priority) < 10**12 else f"{priority:.3e}"
+            raise PolicyError(f"priority {shown} is outside this policy's bounds [{low}, {high}]")
+        return priority

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gpulane.core.jobs import Job
 from gpulane.core.policy import Policy
@@ -28,6 +28,7 @@ class Ranking(Protocol):
     def add(self, job: Job, seq: int) -> None: ...
     def remove(self, job_id: str) -> Job | None: ...
     def take(self, job: Job, now: float) -> None: ...
+    def note_served(self, member: str, priority: int, at: float) -> None: ...
     def best(self, resident: str | None) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]: ...
@@ -36,6 +37,8 @@ class Ranking(Protocol):
 
 MemberLevel = tuple[str, int]
 QueueKey = tuple[str, int, str]
+_K = TypeVar("_K", MemberLevel, QueueKey)
+_E = TypeVar("_E", tuple[int, int, str], tuple[float, int, str])
 
 
 class FairShareRanking:
@@ -60,10 +63,14 @@ class FairShareRanking:
         self.policy = policy
         self._divisor = policy.aging_divisor_seconds
         self._jobs: dict[str, tuple[Job, int, MemberLevel]] = {}
+        # Heaps with lazy deletion: an entry (..., seq, job id) is live while that id maps to that seq,
+        # so a job re-submitted under a cancelled job's id never revives the old entries.
         self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
+        self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
+        self._live_in_queue: dict[QueueKey, int] = {}
+        self._live_in_level: dict[MemberLevel, int] = {}
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
-        self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
         self._heads: RankedIndex[Job] = RankedIndex()
         self._heads_no_aging: RankedIndex[Job] = RankedIndex()
         self._no_fair_share: RankedIndex[Job] = RankedIndex()
@@ -83,9 +90,11 @@ class FairShareRanking:
         qkey = (*level, job.model)
         queue = self._queues.setdefault(qkey, [])
         heapq.heappush(queue, (-job.priority, seq, job.id))
+        self._live_in_queue[qkey] = self._live_in_queue.get(qkey, 0) + 1
         self._models.setdefault(level, set()).add(job.model)
         oldest = self._oldest.setdefault(level, [])
         heapq.heappush(oldest, (job.submitted_at, seq, job.id))
+        self._live_in_level[level] = self._live_in_level.get(level, 0) + 1
         if oldest[0][2] == job.id:
             self._refresh_level(level)  # every clock in the level is measured from the oldest job
         elif queue[0][2] == job.id:
@@ -94,34 +103,39 @@ class FairShareRanking:
         self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
 
     def remove(self, job_id: str) -> Job | None:
-        found = self._jobs.pop(job_id, None)
-        if found is None:
+        if job_id not in self._jobs:
             return None
-        job, _, level = found
-        self._no_fair_share.discard(job_id)
-        if self._oldest[level][0][2] == job_id:
+        job, level = self._forget(job_id)
+        qkey = (*level, job.model)
+        if self._is_stale(self._oldest[level][0]):
             self._refresh_level(level)
-        else:
-            qkey = (*level, job.model)
-            if self._queues[qkey][0][2] == job_id:
-                self._refresh_head(qkey)
+        elif self._is_stale(self._queues[qkey][0]):
+            self._refresh_head(qkey)
+        else:  # deep inside its heaps: rebuild them if such leftovers pile up
+            self._compact(self._queues, qkey, self._live_in_queue[qkey])
+            self._compact(self._oldest, level, self._live_in_level[level])
         return job
 
     def take(self, job: Job, now: float) -> None:
-        level = self._jobs.pop(job.id)[2]
-        self._no_fair_share.discard(job.id)
-        self._last_dispatch[level] = now
-        self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
+        level = self._forget(job.id)[1]
+        self._served(level, now)
+
+    def note_served(self, member: str, priority: int, at: float) -> None:
+        """A (member, band) queue was served at ``at``: restores fair-share clocks after a restart."""
+        self._served((member, self.policy.band(priority)), at)
 
     def best(self, resident: str | None) -> Best | None:
         return self._heads.best(resident, self.policy.affinity_bonus * self._divisor)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
+        # Aging is negative for a member's job that sits its submission gap behind the member's
+        # oldest waiting job, right after the member was served; reported as ranked.
+        level = (job.member, self.policy.band(job.priority))
         return ScoreBreakdown(
             priority=job.priority,
             tier=self.policy.bonus_for_tier(job.tier),
             affinity=self.policy.affinity_bonus if job.model == resident else 0,
-            aging=max(0.0, now - self._aging_start(job, (job.member, self.policy.band(job.priority)))) / self._divisor,
+            aging=(now - self._aging_start(job, level)) / self._divisor,
         )
 
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
@@ -138,13 +152,37 @@ class FairShareRanking:
         clone = FairShareRanking(self.policy)
         clone._jobs = dict(self._jobs)
         clone._queues = {k: list(q) for k, q in self._queues.items()}
+        clone._oldest = {k: list(v) for k, v in self._oldest.items()}
+        clone._live_in_queue = dict(self._live_in_queue)
+        clone._live_in_level = dict(self._live_in_level)
         clone._models = {k: set(v) for k, v in self._models.items()}
         clone._last_dispatch = dict(self._last_dispatch)
-        clone._oldest = {k: list(v) for k, v in self._oldest.items()}
         clone._heads = self._heads.copy()
         clone._heads_no_aging = self._heads_no_aging.copy()
         clone._no_fair_share = self._no_fair_share.copy()
         return clone
+
+    def _forget(self, job_id: str) -> tuple[Job, MemberLevel]:
+        job, _, level = self._jobs.pop(job_id)
+        self._no_fair_share.discard(job_id)
+        self._live_in_queue[(*level, job.model)] -= 1
+        self._live_in_level[level] -= 1
+        return job, level
+
+    def _served(self, level: MemberLevel, at: float) -> None:
+        self._last_dispatch[level] = max(at, self._last_dispatch.get(level, at))
+        if level in self._oldest:
+            self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
+
+    def _is_stale(self, entry: tuple[float, int, str]) -> bool:
+        found = self._jobs.get(entry[2])
+        return found is None or found[1] != entry[1]
+
+    def _compact(self, heaps: dict[_K, list[_E]], key: _K, live: int) -> None:
+        heap = heaps[key]
+        if len(heap) > 2 * live + 16:
+            heap[:] = [e for e in heap if not self._is_stale(e)]
+            heapq.heapify(heap)
 
     def _aging_start(self, job: Job, level: MemberLevel) -> float:
         last = self._last_dispatch.get(level)
@@ -154,10 +192,12 @@ class FairShareRanking:
 
     def _refresh_level(self, level: MemberLevel) -> None:
         oldest = self._oldest[level]
-        while oldest and oldest[0][2] not in self._jobs:
+        while oldest and self._is_stale(oldest[0]):
             heapq.heappop(oldest)
         if not oldest:
-            del self._oldest[level]
+            # An empty level's clock is moot: a later job's own submission is after it.
+            del self._oldest[level], self._live_in_level[level]
+            self._last_dispatch.pop(level, None)
         for model in list(self._models.get(level, ())):
             self._refresh_head((*level, model))
 
@@ -165,10 +205,10 @@ class FairShareRanking:
     # score times the divisor minus a shared now: exact for whole-second clocks, so ties stay ties.
     def _refresh_head(self, qkey: QueueKey) -> None:
         queue = self._queues[qkey]
-        while queue and queue[0][2] not in self._jobs:
+        while queue and self._is_stale(queue[0]):
             heapq.heappop(queue)
         if not queue:
-            del self._queues[qkey]
+            del self._queues[qkey], self._live_in_queue[qkey]
             level = (qkey[0], qkey[1])
             models = self._models[level]
             models.discard(qkey[2])
@@ -222,6 +262,9 @@ class OrderedRanking:
 
     def take(self, job: Job, now: float) -> None:
         self.remove(job.id)
+
+    def note_served(self, member: str, priority: int, at: float) -> None:
+        """Baselines keep no per-member clocks."""
 
     def best(self, resident: str | None) -> Best | None:
         return self._index.best(resident, self._bonus)

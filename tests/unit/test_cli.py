@@ -62,3 +62,15 @@ def test_unknown_policy_is_refused(capsys):
         main(["simulate", SCENARIO, "--compare", "fifo,lottery"])
     assert err.value.code == 2
     assert "unknown policy 'lottery'" in capsys.readouterr().err
+
+
+def test_a_flood_scenario_exits_2(tmp_path, capsys):
+    flood = tmp_path / "flood.yaml"
+    flood.write_text(
+        "name: f\nstreams: [{name: s, member: m, model: x, runSeconds: 1,"
+        " arrival: {poissonPerHour: 1.0e+6}, until: 12h}]\n"
+    )
+    assert main(["simulate", str(flood)]) == 2
+    err = capsys.readouterr().err
+    assert "plans more than 200,000 jobs" in err
+    assert "warning: model 'x' is not declared" in err

@@ -5,9 +5,11 @@ from gpulane.core.events import (
     JobAdopted,
     JobCancelled,
     JobFinished,
+    JobSubmitted,
     LaneUpdated,
     ModelLoaded,
     ModelUpdated,
+    QueueServed,
 )
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import PolicyError
@@ -209,3 +211,95 @@ def test_model_update_changes_concurrency():
 def test_model_spec_rejects_nonsense():
     with pytest.raises(ValueError, match="maxConcurrency must be >= 1"):
         ModelSpec("x", max_concurrency=0)
+
+
+def test_a_job_id_reused_after_cancel_is_a_new_job_in_its_own_queue():
+    d, clock = dispatcher()
+    busy(d, clock)
+    submit(d, clock, "head", priority=-100, member="alice")
+    submit(d, clock, "x", priority=-100, member="alice")  # behind alice's head
+    d.handle(JobCancelled("x"))
+    clock.now = 100
+    submit(d, clock, "x", priority=100, member="bob")  # same name, another member and band
+    assert names(d.handle(JobFinished("blocker"))) == ["x"]
+    assert d.history[-1].job.member == "bob"
+    assert names(d.handle(JobFinished("x"))) == ["head"]
+    assert names(d.handle(JobFinished("head"))) == []
+    assert d.pending_count == 0
+
+
+def test_cancel_churn_behind_a_waiting_job_does_not_grow_the_queues():
+    d, clock = dispatcher()
+    busy(d, clock)
+    submit(d, clock, "head", member="alice")
+    for i in range(5000):
+        submit(d, clock, f"churn-{i}", member="alice")
+        d.handle(JobCancelled(f"churn-{i}"))
+    queue_sizes = [len(q) for q in d.ranking._queues.values()]
+    assert max(queue_sizes) < 100
+    assert max(len(h) for h in d.ranking._oldest.values()) < 100
+    assert names(d.handle(JobFinished("blocker"))) == ["head"]
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        (Job("a", "m", priority=5000), r"priority 5000 is outside this policy's bounds \[-1000, 1000\]"),
+        (Job("a", "m", priority="100"), "priority must be an integer, got str"),  # type: ignore[arg-type]
+        (Job("a", "m", submitted_at=float("nan")), "submission time nan is not finite"),
+        (Job("a", "m", expected_run_seconds=float("inf")), "expected run seconds inf"),
+        (Job("a", "m", expected_run_seconds=-1), "expected run seconds -1"),
+    ],
+)
+def test_invalid_jobs_are_refused_before_they_are_queued(job, message):
+    d, _ = dispatcher()
+    with pytest.raises(ValueError, match=message):
+        d.handle(JobSubmitted(job))
+    assert d.pending_count == 0 and not d.running
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_concurrency": 1.5}, "must be an integer"),
+        ({"load_seconds": float("nan")}, "load seconds"),
+        ({"run_seconds": float("inf")}, "run seconds"),
+        ({"load_seconds": -1}, "load seconds"),
+    ],
+)
+def test_model_spec_rejects_non_finite_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec("x", **kwargs)
+
+
+def test_adopted_jobs_and_queue_served_restore_fair_share_clocks_after_a_restart():
+    """Five hours into a film burst the operator restarts: the film must not count its whole age."""
+    d, clock = dispatcher(lanes={})
+    clock.now = 5 * 3600
+    d.handle(JobSubmitted(Job("shot-50", "h3", -100, "max", "alice", submitted_at=0)))
+    d.handle(JobSubmitted(Job("shot-51", "h3", -100, "max", "alice", submitted_at=0)))
+    d.handle(JobAdopted(Job("shot-49", "h3", -100, "max", "alice", submitted_at=0), "gpu-0", started_at=clock.now - 60))
+    submit(d, clock, "image", model="h3", priority=100, member="bob")
+    clock.now += 200
+    [decision] = d.handle(JobFinished("shot-49"))
+    assert decision.job.id == "image"  # alice was served 260 s ago, not 5 hours ago
+
+
+def test_queue_served_restores_a_clock_for_a_member_with_nothing_running():
+    d, clock = dispatcher()
+    busy(d, clock)
+    clock.now = 5 * 3600
+    d.handle(JobSubmitted(Job("shot", "m", -100, "max", "alice", submitted_at=0)))
+    d.handle(QueueServed("alice", -100, at=clock.now - 120))
+    submit(d, clock, "image", priority=100, member="bob")
+    assert names(d.handle(JobFinished("blocker"))) == ["image"]
+
+
+def test_model_loaded_from_an_old_swap_is_ignored():
+    d, clock = dispatcher()
+    submit(d, clock, "a", model="sdxl")
+    d.handle(JobFinished("a"))
+    submit(d, clock, "b", model="flux")
+    d.handle(ModelLoaded("gpu-0", "sdxl"))  # late report for the model already swapped out
+    assert not d.lanes["gpu-0"].ready
+    assert d.running["b"].started_at is None

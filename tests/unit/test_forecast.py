@@ -1,6 +1,6 @@
 import pytest
 
-from gpulane.core.events import JobFinished, LaneUpdated
+from gpulane.core.events import JobFinished, LaneUpdated, ModelLoaded
 from gpulane.core.forecast import forecast
 from gpulane.core.jobs import ModelSpec
 
@@ -69,3 +69,28 @@ def test_two_lanes_forecast_in_parallel():
         submit(d, clock, f"j{i}", model="sdxl")
     starts = sorted(f.start for f in forecast(d))
     assert starts == pytest.approx([60, 60, 120, 120])
+
+
+def test_a_job_that_loaded_its_model_is_timed_from_the_end_of_the_load():
+    d, clock = dispatcher(models=MODELS)
+    submit(d, clock, "shot", model="h3")  # cold: 90 s load, then 240 s
+    submit(d, clock, "next", model="h3")
+    clock.now = 90
+    d.handle(ModelLoaded("gpu-0", "h3"))
+    clock.now = 100
+    assert by_id(forecast(d))["next"].start == pytest.approx(90 + 240)
+
+
+def test_a_job_joining_a_lane_that_is_still_loading_waits_for_the_load():
+    models = [ModelSpec("llm", max_concurrency=2, load_seconds=90, run_seconds=240)]
+    d, clock = dispatcher(models=models)
+    submit(d, clock, "first", model="llm")
+    clock.now = 30
+    submit(d, clock, "second", model="llm")  # joins the free slot while the model loads
+    submit(d, clock, "third", model="llm")
+    assert d.running["second"].started_at is None
+    # Both running jobs end at 90 + 240; the third starts then.
+    assert by_id(forecast(d))["third"].start == pytest.approx(330)
+    clock.now = 90
+    d.handle(ModelLoaded("gpu-0", "llm"))
+    assert d.running["second"].started_at == 90

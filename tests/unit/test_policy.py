@@ -54,8 +54,18 @@ def test_unknown_tier_is_a_clear_error():
         Policy().bonus_for_tier("gold")
 
 
-def test_clamp_to_bounds():
+def test_priorities_outside_the_bounds_are_refused_with_the_bounds():
     policy = Policy.model_validate({"priorityBounds": {"min": -200, "max": 100}})
-    assert policy.clamp(10**18) == 100
-    assert policy.clamp(-(10**18)) == -200
-    assert policy.clamp(7) == 7
+    assert policy.check_priority(100) == 100
+    with pytest.raises(PolicyError, match=r"priority 101 is outside this policy's bounds \[-200, 100\]"):
+        policy.check_priority(101)
+    with pytest.raises(PolicyError, match=r"priority 1.000e\+18 is outside"):
+        policy.check_priority(10**18)
+    with pytest.raises(PolicyError, match="must be an integer, got bool"):
+        policy.check_priority(True)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), "inf"])
+def test_non_finite_aging_divisor_is_rejected(value):
+    with pytest.raises(ValidationError, match="finite number"):
+        Policy.model_validate({"agingDivisorSeconds": value})

@@ -48,6 +48,29 @@ def write(tmp_path, text):
             "bandSpacing 20 is too small",
         ),
         ("name: x\ncolour: blue\njobs: [{name: a, model: m, runSeconds: 5}]\n", "colour: Extra inputs"),
+        (
+            "name: x\njobs: [{name: a, model: m, runSeconds: 5, priority: 5000}]\n",
+            "a: priority 5000 is outside this policy's bounds [-1000, 1000]",
+        ),
+        (
+            "name: x\nmodels: [{name: m}, {name: m}]\njobs: [{name: a, model: m, runSeconds: 5}]\n",
+            "model names must be unique, repeated: m",
+        ),
+        ("name: x\njobs: [{name: a, model: m, runSeconds: 5, member: ''}]\n", "jobs.0.member"),
+        (
+            "name: x\nstreams: [{name: s, members: [a, ''], model: x, runSeconds: 5, count: 1, submit: burst}]\n",
+            "streams.0.members.1",
+        ),
+        (
+            "name: x\nstreams: [{name: s, member: m, model: x, runSeconds: 5, arrival: {everySeconds: 9}, from: 2h,"
+            " until: 1h}]\n",
+            "until (3600s) must be after from (7200s)",
+        ),
+        ("name: x\njobs: [{name: a, model: m, runSeconds: 1.0e+300}]\n", "longer than 10 years"),
+        (
+            "name: x\nmodels: [{name: m, maxConcurrency: 0}]\njobs: [{name: a, model: m, runSeconds: 5}]\n",
+            "models.0.maxConcurrency",
+        ),
     ],
 )
 def test_bad_scenarios_get_a_clear_error_naming_the_file_and_field(tmp_path, text, message):
@@ -113,3 +136,31 @@ def test_undeclared_models_use_the_default_model():
     scenario = Scenario.model_validate({**BASE, "defaultModel": {"loadSeconds": 7}})
     first = simulate(scenario).jobs[0]
     assert first.started_at - first.dispatched_at == 7
+
+
+def test_too_many_jobs_is_refused_before_memory_runs_out():
+    scenario = Scenario.model_validate(
+        {
+            "name": "t",
+            "streams": [
+                {
+                    "name": "flood",
+                    "member": "m",
+                    "model": "x",
+                    "runSeconds": 1,
+                    "arrival": {"poissonPerHour": 1e6},
+                    "until": "12h",
+                }
+            ],
+        }
+    )
+    with pytest.raises(ScenarioError, match="plans more than 200,000 jobs"):
+        plan_jobs(scenario)
+
+
+def test_undeclared_models_are_a_warning_not_an_error():
+    scenario = Scenario.model_validate({**BASE, "models": [{"name": "y"}], "initialModel": "z"})
+    assert scenario.warnings() == [
+        "model 'x' is not declared under models; it loads in 30s (defaultModel)",
+        "model 'z' is not declared under models; it loads in 30s (defaultModel)",
+    ]

@@ -9,7 +9,7 @@ import pytest
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.report import summarize
-from gpulane.core.sim.scenario import load_scenario
+from gpulane.core.sim.scenario import Scenario, load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -87,3 +87,41 @@ def test_per_job_aging_reproduces_the_burst_pitfall(results):
     """The ablation: gpulane's score with aging from each job's own submission and no fair share."""
     pitfall = results[("film-burst-vs-interactive", "per-job-aging")]
     assert wait(pitfall, "images", "p95") > 4 * 3600
+
+
+def test_utilisation_counts_every_lane_and_starts_with_the_first_submission():
+    scenario = Scenario.model_validate(
+        {
+            "name": "t",
+            "lanes": 2,
+            "initialModel": "x",
+            "streams": [
+                {
+                    "name": "s",
+                    "member": "m",
+                    "model": "x",
+                    "runSeconds": 100,
+                    "count": 4,
+                    "submit": "burst",
+                    "at": "10h",
+                }
+            ],
+        }
+    )
+    summary = summarize(simulate(scenario), 100)
+    assert summary["overall"]["gpuUtilisation"] == pytest.approx(1.0)
+    assert summary["streams"]["s"]["gpuUtilisation"] == pytest.approx(1.0)
+
+
+def test_a_first_load_on_an_empty_gpu_is_a_cold_start_not_a_swap():
+    scenario = Scenario.model_validate(
+        {
+            "name": "t",
+            "streams": [
+                {"name": "a", "member": "m", "model": "x", "runSeconds": 10, "count": 1, "submit": "burst"},
+                {"name": "b", "member": "m", "model": "y", "runSeconds": 10, "count": 1, "submit": "burst", "at": 5},
+            ],
+        }
+    )
+    overall = summarize(simulate(scenario), 100)["overall"]
+    assert (overall["coldStarts"], overall["swaps"]) == (2, 1)

@@ -16,7 +16,10 @@ from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch, JobFinished, JobSubmitted, LaneUpdated, ModelLoaded
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.ranking import make_ranking
-from gpulane.core.sim.scenario import Range, Scenario, Stream
+from gpulane.core.sim.scenario import Range, Scenario, ScenarioError, Stream
+
+# A simulation holds every job in memory; beyond this a scenario is almost surely a mistake.
+MAX_JOBS = 200_000
 
 
 @dataclass(slots=True)
@@ -33,6 +36,7 @@ class JobRecord:
     started_at: float | None = None
     finished_at: float | None = None
     cold_start: bool = False
+    replaced: str | None = None  # the model this job's dispatch swapped out
     lane: str | None = None
     changed_by: dict[str, str] = field(default_factory=dict)
     score: dict[str, float] = field(default_factory=dict)  # the breakdown when it was dispatched
@@ -92,7 +96,7 @@ def _stream_jobs(stream: Stream, seed: int) -> list[Planned]:
     arrival = stream.arrival
     assert arrival is not None
     t, i = stream.from_, 0
-    limit = stream.count if stream.count is not None else 10**7
+    limit = stream.count if stream.count is not None else MAX_JOBS + 1
     while i < limit:
         if arrival.every_seconds is not None:
             at = t if i == 0 else t + arrival.every_seconds
@@ -107,7 +111,14 @@ def _stream_jobs(stream: Stream, seed: int) -> list[Planned]:
 
 
 def plan_jobs(scenario: Scenario) -> list[Planned]:
-    planned = [p for stream in scenario.streams for p in _stream_jobs(stream, scenario.seed)]
+    planned: list[Planned] = []
+    for stream in scenario.streams:
+        planned += _stream_jobs(stream, scenario.seed)
+        if len(planned) + len(scenario.jobs) > MAX_JOBS:
+            raise ScenarioError(
+                f"scenario {scenario.name!r} plans more than {MAX_JOBS:,} jobs (stream {stream.name!r} "
+                f"alone plans {sum(1 for p in planned if p.record.stream == stream.name):,}); lower its rate or span"
+            )
     for job in scenario.jobs:
         record = JobRecord(job.name, None, job.member, job.tier, job.priority, job.model, job.run_seconds)
         planned.append(Planned(record, job.at))
@@ -177,7 +188,7 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
             share[record.member] += record.run_seconds
         members[record.member] -= 1
         if decision.load:
-            record.cold_start = True
+            record.cold_start, record.replaced = True, decision.replaces
             ready_at[decision.lane] = t + truth.get(decision.model).load_seconds
             push(ready_at[decision.lane], LOADED, decision.lane, decision.model)
         record.started_at = max(t, ready_at[decision.lane])

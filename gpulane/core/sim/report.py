@@ -54,15 +54,20 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
     streams: dict[str, list[JobRecord]] = {}
     for job in result.jobs:
         streams.setdefault(job.stream or job.name, []).append(job)
-    span = result.end or 1.0
-    busy = sum(j.run_seconds for j in result.jobs if j.started_at is not None)
+    first = min((j.submitted_at for j in result.jobs if j.submitted_at is not None), default=0.0)
+    capacity = max(result.end - first, 1e-9) * len(result.lanes)  # lane-seconds since work first arrived
+
+    def busy(records: list[JobRecord]) -> float:
+        return sum(r.run_seconds for r in records if r.started_at is not None)
+
     per_stream = {
         name: {
             "jobs": len(records),
             "unfinished": sum(1 for r in records if r.finished_at is None),
             "waitSeconds": _wait_stats(records),
-            "swaps": sum(1 for r in records if r.cold_start),
-            "gpuUtilisation": sum(r.run_seconds for r in records if r.started_at is not None) / span,
+            "swaps": sum(1 for r in records if r.replaced is not None),
+            "coldStarts": sum(1 for r in records if r.cold_start),
+            "gpuUtilisation": busy(records) / capacity,
         }
         for name, records in streams.items()
     }
@@ -82,8 +87,9 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
         "bands": bands,
         "overall": {
             "jobs": len(result.jobs),
-            "swaps": sum(1 for j in result.jobs if j.cold_start),
-            "gpuUtilisation": busy / (span * len(result.lanes)),
+            "swaps": sum(1 for j in result.jobs if j.replaced is not None),
+            "coldStarts": sum(1 for j in result.jobs if j.cold_start),
+            "gpuUtilisation": busy(result.jobs) / capacity,
             "idleWhileWaitingSeconds": result.idle_while_waiting,
             "makespanSeconds": result.end,
             "winnerChangedBy": changed,
@@ -105,6 +111,7 @@ def jobs_json(result: SimResult) -> list[dict[str, Any]]:
             "startedAt": j.started_at,
             "finishedAt": j.finished_at,
             "coldStart": j.cold_start,
+            "replaced": j.replaced,
             "lane": j.lane,
             "changedBy": j.changed_by,
             "score": j.score,

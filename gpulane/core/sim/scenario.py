@@ -53,10 +53,13 @@ class Arrival(CamelModel):
         return self
 
 
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+
+
 class Stream(CamelModel):
     name: str = Field(min_length=1)
-    member: str | None = None
-    members: list[str] | None = Field(default=None, min_length=1)
+    member: Name | None = None
+    members: list[Name] | None = Field(default=None, min_length=1)
     tier: str = "free"
     priority: Priority = 0
     model: str = Field(min_length=1)
@@ -78,6 +81,8 @@ class Stream(CamelModel):
             raise ValueError(f"submit: {self.submit} needs a count")
         if self.arrival is not None and self.until is None and self.count is None:
             raise ValueError("an arrival stream needs until or count, or it never ends")
+        if self.until is not None and self.until <= self.from_:
+            raise ValueError(f"until ({self.until:g}s) must be after from ({self.from_:g}s)")
         return self
 
     def member_at(self, index: int) -> str:
@@ -90,7 +95,7 @@ class Stream(CamelModel):
 class OneJob(CamelModel):
     name: str = Field(min_length=1)
     at: Seconds = 0.0
-    member: str = "anonymous"
+    member: Name = "anonymous"
     tier: str = "free"
     priority: Priority = 0
     model: str = Field(min_length=1)
@@ -122,7 +127,29 @@ class Scenario(CamelModel):
             )
         if not names:
             raise ValueError("a scenario needs at least one stream or job")
+        models = [m.name for m in self.models]
+        repeated = sorted({m for m in models if models.count(m) > 1})
+        if repeated:
+            raise ValueError(f"model names must be unique, repeated: {', '.join(repeated)}")
+        items: list[Stream | OneJob] = [*self.streams, *self.jobs]
+        for item in items:
+            try:
+                self.policy.check_priority(item.priority)
+            except ValueError as err:
+                raise ValueError(f"{item.name}: {err}") from None
         return self
+
+    def warnings(self) -> list[str]:
+        """Legal but suspicious: models used without a declaration (a typo looks the same)."""
+        declared = {m.name for m in self.models}
+        used = {s.model for s in self.streams} | {j.model for j in self.jobs}
+        if self.initial_model is not None:
+            used.add(self.initial_model)
+        return [
+            f"model {name!r} is not declared under models; it loads in "
+            f"{self.default_model.load_seconds:g}s (defaultModel)"
+            for name in sorted(used - declared)
+        ]
 
 
 def load_scenario(path: str | Path) -> Scenario:
