@@ -733,24 +733,77 @@ def _healthy(info: ClusterInfo, layout: Layout) -> tuple[bool, dict[str, tuple[b
     return all(ok for ok, _ in health.values()), health
 
 
-def up(log: Log = _stderr, state_dir: Path | None = None, ports: Ports | None = None) -> ClusterInfo:
-    """Start the cluster, or return the running one (``started`` tells which). Raises ClusterError."""
+def up(
+    log: Log = _stderr, state_dir: Path | None = None, ports: Ports | None = None, user: int | None = None
+) -> ClusterInfo:
+    """Start the cluster, or return the running one (``started`` tells which). Raises ClusterError.
+
+    ``user`` (a PID, e.g. a pytest session's) registers that process as a user of the cluster, so that
+    ``release`` does not stop the cluster under another live user."""
     layout = Layout(state_dir or default_state_dir())
     with _locked(layout.state):
         rec = _load_record(layout)
+        info: ClusterInfo | None = None
         if rec is not None:
-            info = _info_from_record(layout, rec)
-            ok, health = _healthy(info, layout)
-            if ok and node_ready(layout, info.server)[0]:
+            found = _info_from_record(layout, rec)
+            ok, health = _healthy(found, layout)
+            if ok and node_ready(layout, found.server)[0]:
                 log(f"cluster already running (state {layout.state})")
-                return info
-            bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good) or "node not ready"
-            log(f"found an unhealthy cluster in {layout.state} ({bad}); stopping it and starting afresh")
-            _teardown(layout, info.procs, log)
+                info = found
+            else:
+                bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good) or "node not ready"
+                log(f"found an unhealthy cluster in {layout.state} ({bad}); stopping it and starting afresh")
+                _teardown(layout, found.procs, log)
         elif layout.state.exists():
             log(f"removing stale state in {layout.state} (no cluster record)")
             shutil.rmtree(layout.state)
-        return _start(layout, ports or default_ports(), log)
+        if info is None:
+            info = _start(layout, ports or default_ports(), log)
+        if user is not None:
+            _register_user(layout, user)
+        return info
+
+
+def _identity(pid: int) -> str | None:
+    st = _proc_stat(pid)
+    return None if st is None or st[0] in ("Z", "X") else f"{pid} {st[1]}"
+
+
+def _register_user(layout: Layout, pid: int) -> None:
+    users = layout.state / "users"
+    users.mkdir(parents=True, exist_ok=True)
+    (users / str(pid)).write_text(_identity(pid) or "")
+
+
+def _live_users(layout: Layout) -> list[int]:
+    users = layout.state / "users"
+    if not users.is_dir():
+        return []
+    return [int(f.name) for f in users.iterdir() if f.name.isdigit() and _identity(int(f.name)) == f.read_text()]
+
+
+def release(user: int, started: bool, log: Log = _stderr, state_dir: Path | None = None) -> bool:
+    """``user`` is done with the cluster. Stop it if that user started it (or inherited it from the user
+    that did) and no other registered process is still alive; else leave it running. A starter that
+    leaves while others still use it hands the duty to stop it on to the last of them. Returns True if
+    the cluster was stopped."""
+    layout = Layout(state_dir or default_state_dir())
+    with _locked(layout.state):
+        (layout.state / "users" / str(user)).unlink(missing_ok=True)
+        rec = _load_record(layout)
+        if rec is None:
+            return False
+        handover = layout.state / "stop-when-unused"
+        others = _live_users(layout)
+        if others:
+            if started:
+                handover.touch()
+                log(f"leaving the cluster running for its other users (pids {others})")
+            return False
+        if started or handover.exists():
+            _teardown(layout, _info_from_record(layout, rec).procs, log)
+            return True
+        return False
 
 
 def _timed(log: Log, t0: float) -> Log:

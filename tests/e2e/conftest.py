@@ -2,8 +2,8 @@
 
 - ``cluster`` (session): starts the cluster if none is running, reuses a running one. If it cannot start,
   every e2e test fails with the error and a pointer to the component logs; nothing is skipped. A cluster
-  this session started is stopped at the end (set GPULANE_KEEP_CLUSTER=1 to keep it); a reused one is
-  left running.
+  this session started is stopped at the end (set GPULANE_KEEP_CLUSTER=1 to keep it), unless another
+  live pytest session still uses it: then the last of them stops it. A reused one is left running.
 - ``kubeconfig``, ``api_client``, ``core_v1``: the admin kubeconfig and official-client handles.
 - ``kubectl``, ``helm``: run the pinned binaries against the cluster (see ``Cluster.kubectl``).
 - ``namespace``: a fresh namespace per test (its ``default`` ServiceAccount exists), deleted afterwards.
@@ -31,7 +31,7 @@ from .support import Cluster, localcluster, wait_until
 def cluster() -> Iterator[Cluster]:
     messages: list[str] = []
     try:
-        info = localcluster.up(log=messages.append)
+        info = localcluster.up(log=messages.append, user=os.getpid())
     except (localcluster.ClusterError, OSError, subprocess.CalledProcessError) as exc:
         pytest.fail(
             "the local control plane could not be started (hack/gpulane_cluster.py up):\n"
@@ -42,8 +42,11 @@ def cluster() -> Iterator[Cluster]:
         )
     started = info.started
     yield Cluster(info, started)
-    if started and not os.environ.get("GPULANE_KEEP_CLUSTER"):
-        localcluster.down(log=lambda _msg: None)
+    if os.environ.get("GPULANE_KEEP_CLUSTER"):
+        started = False  # leave it running; `make cluster-down` stops it
+    # Stops the cluster if this session started it and no other live session is still using it (the last
+    # one to leave stops it then); a cluster that was already running is left as it was.
+    localcluster.release(os.getpid(), started, log=lambda _msg: None)
 
 
 @pytest.fixture(scope="session")

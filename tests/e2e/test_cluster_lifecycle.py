@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,32 @@ def test_down_stops_exactly_the_processes_its_up_started(cluster: Cluster, tmp_p
     ok, text = localcluster.status(state_dir=cluster.info.state_dir)
     assert ok, text
     assert os.path.exists(cluster.kubeconfig)
+
+
+def test_the_last_user_of_a_shared_cluster_stops_it(cluster: Cluster, tmp_path: Path) -> None:
+    """Two pytest sessions on one cluster: the starter leaves first, so the other one stops it."""
+    state = tmp_path / "shared"
+    ports = localcluster.Ports.from_base(SPARE_BASE)
+    other = subprocess.Popen(["sleep", "300"])  # stands in for a second pytest session (a live PID)
+    try:
+        first = localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, user=os.getpid())
+        assert first.started
+        reused = localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, user=other.pid)
+        assert not reused.started
+        assert [p.pid for p in reused.procs] == [p.pid for p in first.procs]
+
+        # The starter is done, but the other session still uses the cluster: it keeps running.
+        assert not localcluster.release(os.getpid(), started=True, log=lambda _m: None, state_dir=state)
+        ok, text = localcluster.status(state_dir=state)
+        assert ok, text
+
+        # The last user leaves: the cluster it inherited is stopped.
+        assert localcluster.release(other.pid, started=False, log=lambda _m: None, state_dir=state)
+        assert not state.exists()
+        assert not any(localcluster.proc_alive(p) for p in first.procs)
+    finally:
+        other.kill()
+        other.wait()
+        localcluster.down(log=lambda _m: None, state_dir=state)
+    ok, text = localcluster.status(state_dir=cluster.info.state_dir)
+    assert ok, text
