@@ -98,6 +98,39 @@ class Cluster:
     ) -> subprocess.CompletedProcess[str]:
         return self.run("helm", f"--kubeconfig={self.kubeconfig}", *args, input=input, check=check, timeout=timeout)
 
+    def service_account_kubeconfig(
+        self, core_v1: Any, namespace: str, name: str, path: Path, expiration_seconds: int = 3600
+    ) -> Path:
+        """Write a kubeconfig at ``path`` that authenticates as ServiceAccount ``namespace/name`` with a
+        bound token from the TokenRequest API, for running a component (the operator, say) with exactly
+        that account's RBAC. ``core_v1`` is a kubernetes.client.CoreV1Api with admin rights."""
+        from kubernetes import client as k8s
+
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
+        )
+        token = core_v1.create_namespaced_service_account_token(name, namespace, request).status.token
+        user = f"system:serviceaccount:{namespace}:{name}"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "gpulane-local",
+                    "cluster": {
+                        "server": self.info.server,
+                        "certificate-authority": str(self.info.state_dir / "pki" / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": user, "context": {"cluster": "gpulane-local", "user": user, "namespace": namespace}}],
+            "current-context": user,
+        }
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
+        return path
+
 
 def wait_until(
     probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2, what: str = "condition"

@@ -5,9 +5,11 @@ carry real version stamps."""
 from __future__ import annotations
 
 import json
+import subprocess
 import textwrap
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,3 +228,41 @@ def test_up_is_idempotent_and_reuses_the_running_cluster(cluster: Cluster) -> No
     assert [p.pid for p in again.procs] == [p.pid for p in cluster.info.procs]
     ok, text = localcluster.status()
     assert ok, text
+
+
+def test_rbac_is_enforced_for_a_service_account(
+    cluster: Cluster, api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path
+) -> None:
+    """--authorization-mode=Node,RBAC: a ServiceAccount can do nothing until a Role grants it."""
+    core_v1.create_namespaced_service_account(namespace, client.V1ServiceAccount(metadata={"name": "reader"}))
+    kubeconfig = cluster.service_account_kubeconfig(core_v1, namespace, "reader", tmp_path / "reader.kubeconfig")
+
+    def as_reader(*args: str) -> subprocess.CompletedProcess[str]:
+        return cluster.run("kubectl", f"--kubeconfig={kubeconfig}", *args, check=False)
+
+    who = as_reader("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+    assert who.stdout == f"system:serviceaccount:{namespace}:reader", who.stderr
+    denied = as_reader("get", "pods", "-n", namespace)
+    assert denied.returncode != 0
+    assert f'User "system:serviceaccount:{namespace}:reader" cannot list resource "pods"' in denied.stderr
+
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "pod-reader"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "reader-reads-pods"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    )
+    wait_until(lambda: as_reader("get", "pods", "-n", namespace).returncode == 0, what="the RoleBinding to apply")
+    # Only what the Role grants: pods in this namespace, nothing else.
+    assert as_reader("get", "pods", "-n", "default").returncode != 0
+    assert as_reader("get", "configmaps", "-n", namespace).returncode != 0
