@@ -266,3 +266,47 @@ def test_rbac_is_enforced_for_a_service_account(
     # Only what the Role grants: pods in this namespace, nothing else.
     assert as_reader("get", "pods", "-n", "default").returncode != 0
     assert as_reader("get", "configmaps", "-n", namespace).returncode != 0
+
+
+def test_helm_installs_a_chart_and_waits_for_its_deployment(
+    cluster: Cluster, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path
+) -> None:
+    """Helm's kubeVersion check sees the stamped version, and `--wait` sees a Deployment become available:
+    kube-controller-manager makes the ReplicaSet and Pod, kube-scheduler binds it, kwok runs it."""
+    chart = tmp_path / "e2e-chart"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: e2e-chart\nversion: 0.1.0\nkubeVersion: '>=1.30.0-0'\n")
+    (chart / "templates" / "deployment.yaml").write_text(
+        textwrap.dedent(
+            """\
+            apiVersion: apps/v1
+            kind: Deployment
+            metadata:
+              name: {{ .Release.Name }}-backend
+            spec:
+              replicas: 2
+              selector:
+                matchLabels: {app: {{ .Release.Name }}-backend}
+              template:
+                metadata:
+                  labels: {app: {{ .Release.Name }}-backend}
+                spec:
+                  containers:
+                  - name: backend
+                    image: gpulane.invalid/backend:e2e
+            """
+        )
+    )
+    cluster.helm("install", "demo", str(chart), "-n", namespace, "--wait", "--timeout", "90s")
+    status = json.loads(cluster.helm("status", "demo", "-n", namespace, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    pods = core_v1.list_namespaced_pod(namespace, label_selector="app=demo-backend").items
+    assert len(pods) == 2
+    assert all(p.status.phase == "Running" and p.spec.node_name == "gpu-0" for p in pods)
+
+    too_new = chart / "Chart.yaml"
+    too_new.write_text("apiVersion: v2\nname: e2e-chart\nversion: 0.1.1\nkubeVersion: '>=9.0.0-0'\n")
+    refused = cluster.helm("upgrade", "demo", str(chart), "-n", namespace, check=False)
+    assert refused.returncode != 0
+    assert "is incompatible with Kubernetes v1.37" in refused.stderr, refused.stderr
+    cluster.helm("uninstall", "demo", "-n", namespace, "--wait", "--timeout", "60s")
