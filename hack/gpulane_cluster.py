@@ -8,7 +8,7 @@ hack/tools (see docs/development.md).
     python hack/gpulane_cluster.py down     stop exactly the processes `up` started, remove the state
     python hack/gpulane_cluster.py env      print `export KUBECONFIG=...` and the tools' PATH
 
-The module is also imported by tests/e2e/conftest.py (functions `up`, `down`, `status`).
+The module is also imported by tests/e2e (functions `up`, `release`, `down`, `status`).
 
 Environment:
     GPULANE_CLUSTER_DIR        state directory (default ${XDG_STATE_HOME:-~/.local/state}/gpulane/cluster)
