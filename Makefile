@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make demo      - run the film-versus-interactive simulation and print the policy comparison"
-	@echo "make test      - install everything needed and run the whole suite (unit + e2e)"
+	@echo "make test      - install everything needed, lint, and run the whole suite (unit + e2e)"
 	@echo "make lint      - ruff, and mypy strict on gpulane/core"
 	@echo "make install   - create .venv and install gpulane with its dev extras"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 include hack/cluster.mk
 
-test: install tools
+test: lint tools
 	$(BIN)/pytest -q
 
 unit: install
