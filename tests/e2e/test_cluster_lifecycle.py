@@ -97,3 +97,32 @@ def test_the_last_user_of_a_shared_cluster_stops_it(cluster: Cluster, tmp_path: 
         localcluster.down(log=lambda _m: None, state_dir=state)
     ok, text = localcluster.status(state_dir=cluster.info.state_dir)
     assert ok, text
+
+
+def test_a_component_that_dies_on_start_is_reported_with_its_log(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection for the launcher itself: kube-apiserver is replaced by a script that fails the way a
+    bad flag would. The error names the component and its log, shows the log's tail, and the etcd that
+    had already started is stopped again."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in localcluster.BINARIES:
+        if name != "kube-apiserver":
+            (bindir / name).symlink_to(cluster.binary(name))
+    broken = bindir / "kube-apiserver"
+    broken.write_text("#!/bin/sh\necho 'Error: unknown flag: --simulated-bad-flag' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("GPULANE_TOOLS_BIN", str(bindir))
+    state = tmp_path / "state"
+    with pytest.raises(localcluster.ClusterError) as err:
+        localcluster.up(log=lambda _m: None, state_dir=state, ports=localcluster.Ports.from_base(SPARE_BASE))
+    message = str(err.value)
+    log = state / "logs" / "kube-apiserver.log"
+    assert f"kube-apiserver exited while waiting for kube-apiserver /readyz; see {log}" in message
+    assert "unknown flag: --simulated-bad-flag" in message
+    assert log.exists() and (state / "logs" / "etcd.log").exists(), "logs of a failed start are kept"
+    assert not (state / "cluster.json").exists()
+    etcd_port = localcluster.Ports.from_base(SPARE_BASE).etcd_client
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", etcd_port)) != 0, "etcd was left running"
