@@ -14,6 +14,9 @@ help:
 	@echo "make install   - create .venv and install gpulane with its dev extras"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
+	@echo "make tools     - build the local control plane's binaries once (see docs/development.md)"
+	@echo "make cluster-up / cluster-status / cluster-down - the local control plane with GPU node gpu-0"
+	@echo "make e2e       - only the end-to-end tests against the local control plane"
 
 install: $(STAMP)
 $(STAMP): pyproject.toml
