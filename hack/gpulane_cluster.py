@@ -151,7 +151,7 @@ class Layout:
 # ------------------------------------------------------------------------------------------------ PKI
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
+def new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
@@ -172,7 +172,7 @@ def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
-def _issue(
+def issue_cert(
     ca_key: ec.EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
     key: ec.EllipticCurvePrivateKey,
@@ -180,6 +180,7 @@ def _issue(
     *,
     server: bool,
     sans: list[x509.GeneralName] | None = None,
+    days: int = 365,
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
     builder = (
@@ -189,7 +190,7 @@ def _issue(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -226,20 +227,19 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def generate_pki(pki: Path) -> None:
-    """CA, apiserver serving cert (IP SAN 127.0.0.1, DNS localhost), client certs, service-account keys."""
-    pki.mkdir(parents=True, exist_ok=True)
+def new_ca(cn: str, days: int = 3650) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA key and certificate."""
     now = datetime.datetime.now(datetime.UTC)
-    ca_key = _key()
-    ca_name = _name("gpulane-local-ca")
-    ca_cert = (
+    ca_key = new_key()
+    ca_name = _name(cn)
+    return ca_key, (
         x509.CertificateBuilder()
         .subject_name(ca_name)
         .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=3650))
+        .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -258,6 +258,12 @@ def generate_pki(pki: Path) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+
+
+def generate_pki(pki: Path) -> None:
+    """CA, apiserver serving cert (IP SAN 127.0.0.1, DNS localhost), client certs, service-account keys."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_cert = new_ca("gpulane-local-ca")
     _write_key(pki / "ca.key", ca_key)
     _write_cert(pki / "ca.crt", ca_cert)
 
@@ -271,16 +277,18 @@ def generate_pki(pki: Path) -> None:
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
     ]
-    key = _key()
+    key = new_key()
     _write_key(pki / "apiserver.key", key)
-    _write_cert(pki / "apiserver.crt", _issue(ca_key, ca_cert, key, _name("kube-apiserver"), server=True, sans=sans))
+    _write_cert(
+        pki / "apiserver.crt", issue_cert(ca_key, ca_cert, key, _name("kube-apiserver"), server=True, sans=sans)
+    )
 
     for stem, (cn, orgs) in CLIENTS.items():
-        key = _key()
+        key = new_key()
         _write_key(pki / f"{stem}.key", key)
-        _write_cert(pki / f"{stem}.crt", _issue(ca_key, ca_cert, key, _name(cn, orgs), server=False))
+        _write_cert(pki / f"{stem}.crt", issue_cert(ca_key, ca_cert, key, _name(cn, orgs), server=False))
 
-    sa_key = _key()
+    sa_key = new_key()
     _write_key(pki / "sa.key", sa_key)
     (pki / "sa.pub").write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)

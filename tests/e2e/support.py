@@ -4,7 +4,6 @@ Helm chart) reuse them."""
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import json
 import os
@@ -21,9 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
@@ -174,35 +172,12 @@ def make_serving_cert(
     """A CA plus a serving certificate with the given IP and DNS SANs (the apiserver checks the IP SAN
     when a webhook's clientConfig.url is https://127.0.0.1:PORT/...)."""
     directory = directory or Path(tempfile.mkdtemp(prefix="gpulane-e2e-tls-"))
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpulane-e2e-webhook-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
+    ca_key, ca = localcluster.new_ca("gpulane-e2e-webhook-ca", days=1)
+    key = localcluster.new_key()
     sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
     sans += [x509.DNSName(name) for name in dns]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpulane-e2e-webhook")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpulane-e2e-webhook")])
+    cert = localcluster.issue_cert(ca_key, ca, key, subject, server=True, sans=sans, days=1)
     cert_file, key_file = directory / "tls.crt", directory / "tls.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
