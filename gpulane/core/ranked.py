@@ -15,8 +15,8 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-# (-key, seq, unique counter, item, payload): the counter keeps comparisons away from payloads.
-Entry = tuple[float, int, int, Hashable, T]
+# (-key, seq, unique counter, item, model, payload): the counter keeps comparisons away from the rest.
+Entry = tuple[float, int, int, Hashable, str, T]
 
 
 class RankedIndex(Generic[T]):
@@ -26,41 +26,39 @@ class RankedIndex(Generic[T]):
         self._all: list[Entry[T]] = []
         self._by_model: dict[str, list[Entry[T]]] = {}
         self._live: dict[Hashable, Entry[T]] = {}
-        self._model_of: dict[Hashable, str] = {}
         self._counter = itertools.count()
 
     def __len__(self) -> int:
         return len(self._live)
 
     def put(self, item: Hashable, model: str, key: float, seq: int, payload: T) -> None:
-        entry: Entry[T] = (-key, seq, next(self._counter), item, payload)
+        entry: Entry[T] = (-key, seq, next(self._counter), item, model, payload)
         self._live[item] = entry
-        self._model_of[item] = model
         heapq.heappush(self._all, entry)
         heapq.heappush(self._by_model.setdefault(model, []), entry)
-        self._maybe_compact()
+        if len(self._all) > 64 and len(self._all) > 4 * len(self._live):
+            self._compact()
 
     def current(self, item: Hashable) -> T | None:
         entry = self._live.get(item)
-        return None if entry is None else entry[4]
+        return None if entry is None else entry[5]
 
     def discard(self, item: Hashable) -> None:
-        if self._live.pop(item, None) is not None:
-            self._model_of.pop(item, None)
+        self._live.pop(item, None)
 
     def best(self, model: str | None, bonus: float) -> tuple[float, int, T] | None:
         """The best (value, seq, payload), where items of ``model`` get ``bonus`` added."""
         top = self._peek(self._all)
         if top is None:
             return None
-        value, seq, payload = -top[0], top[1], top[4]
+        value, seq, payload = -top[0], top[1], top[5]
         if model is not None and bonus:
             heap = self._by_model.get(model)
             local = self._peek(heap) if heap else None
             if local is not None:
                 local_value = -local[0] + bonus
                 if local_value > value or (local_value == value and local[1] < seq):
-                    value, seq, payload = local_value, local[1], local[4]
+                    value, seq, payload = local_value, local[1], local[5]
         return value, seq, payload
 
     def copy(self) -> RankedIndex[T]:
@@ -68,7 +66,6 @@ class RankedIndex(Generic[T]):
         clone._all = list(self._all)
         clone._by_model = {m: list(h) for m, h in self._by_model.items()}
         clone._live = dict(self._live)
-        clone._model_of = dict(self._model_of)
         clone._counter = itertools.count(next(self._counter))
         return clone
 
@@ -80,15 +77,14 @@ class RankedIndex(Generic[T]):
             heapq.heappop(heap)
         return None
 
-    def _maybe_compact(self) -> None:
-        # Lazy removal leaves stale entries behind; rebuild once they dominate.
-        if len(self._all) > 64 and len(self._all) > 4 * len(self._live):
-            live = list(self._live.values())
-            heapq.heapify(live)
-            self._all = live
-            by_model: dict[str, list[Entry[T]]] = {}
-            for entry in live:
-                by_model.setdefault(self._model_of[entry[3]], []).append(entry)
-            for heap in by_model.values():
-                heapq.heapify(heap)
-            self._by_model = by_model
+    def _compact(self) -> None:
+        """Lazy removal leaves stale entries behind; rebuild once they dominate."""
+        live = list(self._live.values())
+        heapq.heapify(live)
+        self._all = live
+        by_model: dict[str, list[Entry[T]]] = {}
+        for entry in live:
+            by_model.setdefault(entry[4], []).append(entry)
+        for heap in by_model.values():
+            heapq.heapify(heap)
+        self._by_model = by_model

@@ -62,9 +62,10 @@ class FairShareRanking:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._divisor = policy.aging_divisor_seconds
-        self._jobs: dict[str, tuple[Job, int, MemberLevel]] = {}
-        # Heaps with lazy deletion: an entry (..., seq, job id) is live while that id maps to that seq,
-        # so a job re-submitted under a cancelled job's id never revives the old entries.
+        self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
+        # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
+        # never reused, so a job re-submitted under a cancelled job's id never revives old entries.
+        self._live_seqs: set[int] = set()
         self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
         self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
         self._live_in_queue: dict[QueueKey, int] = {}
@@ -86,7 +87,9 @@ class FairShareRanking:
 
     def add(self, job: Job, seq: int) -> None:
         level = (job.member, self.policy.band(job.priority))
-        self._jobs[job.id] = (job, seq, level)
+        base = job.priority + self.policy.bonus_for_tier(job.tier)
+        self._jobs[job.id] = (job, seq, level, base)
+        self._live_seqs.add(seq)
         qkey = (*level, job.model)
         queue = self._queues.setdefault(qkey, [])
         heapq.heappush(queue, (-job.priority, seq, job.id))
@@ -99,7 +102,6 @@ class FairShareRanking:
             self._refresh_level(level)  # every clock in the level is measured from the oldest job
         elif queue[0][2] == job.id:
             self._refresh_head(qkey)
-        base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
 
     def remove(self, job_id: str) -> Job | None:
@@ -151,6 +153,7 @@ class FairShareRanking:
     def copy(self) -> FairShareRanking:
         clone = FairShareRanking(self.policy)
         clone._jobs = dict(self._jobs)
+        clone._live_seqs = set(self._live_seqs)
         clone._queues = {k: list(q) for k, q in self._queues.items()}
         clone._oldest = {k: list(v) for k, v in self._oldest.items()}
         clone._live_in_queue = dict(self._live_in_queue)
@@ -163,7 +166,8 @@ class FairShareRanking:
         return clone
 
     def _forget(self, job_id: str) -> tuple[Job, MemberLevel]:
-        job, _, level = self._jobs.pop(job_id)
+        job, seq, level, _ = self._jobs.pop(job_id)
+        self._live_seqs.discard(seq)
         self._no_fair_share.discard(job_id)
         self._live_in_queue[(*level, job.model)] -= 1
         self._live_in_level[level] -= 1
@@ -175,8 +179,7 @@ class FairShareRanking:
             self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
 
     def _is_stale(self, entry: tuple[float, int, str]) -> bool:
-        found = self._jobs.get(entry[2])
-        return found is None or found[1] != entry[1]
+        return entry[1] not in self._live_seqs
 
     def _compact(self, heaps: dict[_K, list[_E]], key: _K, live: int) -> None:
         heap = heaps[key]
@@ -191,8 +194,8 @@ class FairShareRanking:
         return max(job.submitted_at, last + job.submitted_at - self._oldest[level][0][0])
 
     def _refresh_level(self, level: MemberLevel) -> None:
-        oldest = self._oldest[level]
-        while oldest and self._is_stale(oldest[0]):
+        oldest, live = self._oldest[level], self._live_seqs
+        while oldest and oldest[0][1] not in live:
             heapq.heappop(oldest)
         if not oldest:
             # An empty level's clock is moot: a later job's own submission is after it.
@@ -204,8 +207,8 @@ class FairShareRanking:
     # Keys with aging are kept in seconds, (priority + tier) * divisor - aging_start, which is the
     # score times the divisor minus a shared now: exact for whole-second clocks, so ties stay ties.
     def _refresh_head(self, qkey: QueueKey) -> None:
-        queue = self._queues[qkey]
-        while queue and self._is_stale(queue[0]):
+        queue, live = self._queues[qkey], self._live_seqs
+        while queue and queue[0][1] not in live:
             heapq.heappop(queue)
         if not queue:
             del self._queues[qkey], self._live_in_queue[qkey]
@@ -217,8 +220,7 @@ class FairShareRanking:
             self._heads.discard(qkey)
             self._heads_no_aging.discard(qkey)
             return
-        job, seq, level = self._jobs[queue[0][2]]
-        base = job.priority + self.policy.bonus_for_tier(job.tier)
+        job, seq, level, base = self._jobs[queue[0][2]]
         self._heads.put(qkey, job.model, base * self._divisor - self._aging_start(job, level), seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
