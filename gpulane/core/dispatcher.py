@@ -46,7 +46,6 @@ class Lane:
 class Running:
     job: Job
     lane: str
-    dispatched_at: float
     started_at: float | None  # None while it waits for its model to load
 
 
@@ -133,7 +132,7 @@ class Dispatcher:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.resident, lane.ready, lane.loading_since = job.model, True, None
         lane.running.add(job.id)
-        self.running[job.id] = Running(job, lane_id, started_at, started_at)
+        self.running[job.id] = Running(job, lane_id, started_at)
         self.ranking.note_served(job.member, job.priority, started_at)
 
     def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
@@ -196,7 +195,7 @@ class Dispatcher:
         if load:
             lane.resident, lane.ready, lane.loading_since = job.model, False, now
         lane.running.add(job.id)
-        self.running[job.id] = Running(job, lane.id, now, now if lane.ready else None)
+        self.running[job.id] = Running(job, lane.id, now if lane.ready else None)
         decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
         if self._explain:
             self.history.append(decision)

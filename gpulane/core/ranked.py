@@ -28,9 +28,6 @@ class RankedIndex(Generic[T]):
         self._live: dict[Hashable, Entry[T]] = {}
         self._counter = itertools.count()
 
-    def __len__(self) -> int:
-        return len(self._live)
-
     def put(self, item: Hashable, model: str, key: float, seq: int, payload: T) -> None:
         entry: Entry[T] = (-key, seq, next(self._counter), item, model, payload)
         self._live[item] = entry
