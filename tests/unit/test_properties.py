@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
 from fractions import Fraction
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpulane.core.events import JobCancelled, JobFinished, JobSubmitted, ModelUpdated
+from gpulane.core.events import JobCancelled, JobFinished, JobSubmitted, LaneUpdated, ModelUpdated
+from gpulane.core.forecast import forecast
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 from gpulane.core.sim.engine import simulate
@@ -31,10 +34,10 @@ job_specs = st.tuples(
 )
 
 
-def reference_winner(
+def reference_best(
     pending: dict[str, tuple[Job, int]], last_dispatch: dict, resident: str | None, now: float, policy: Policy
-) -> str:
-    """The documented rule, computed naively: rescore every candidate from scratch."""
+) -> tuple[Fraction, int, Job] | None:
+    """The documented rule, computed naively and exactly: rescore every candidate from scratch."""
     heads: dict[tuple, tuple[Job, int]] = {}
     oldest: dict[tuple, float] = {}
     for job, seq in pending.values():
@@ -56,8 +59,14 @@ def reference_winner(
             + (policy.affinity_bonus if job.model == resident else 0)
             + (Fraction(now) - Fraction(start)) / Fraction(policy.aging_divisor_seconds)
         )
-        scored.append((total, -seq, job.id))
-    return max(scored)[2]
+        scored.append((total, -seq, job))
+    return max(scored, key=lambda t: (t[0], t[1])) if scored else None
+
+
+def reference_winner(pending, last_dispatch, resident, now, policy) -> str:
+    best = reference_best(pending, last_dispatch, resident, now, policy)
+    assert best is not None
+    return best[2].id
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -222,3 +231,125 @@ def test_same_seed_same_result(seed, rate, members):
     )
     first = json.dumps(jobs_json(simulate(scenario)))
     assert first == json.dumps(jobs_json(simulate(scenario)))
+
+
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 10**9))
+def test_several_lanes_with_concurrency_match_the_reference(seed):
+    """Random traffic on three lanes: every dispatch is the best (lane, job) pair by the rules."""
+    rng = random.Random(seed)
+    concurrency = {m: rng.randint(1, 3) for m in MODELS}
+    lanes = {f"gpu-{i}": {"resident": rng.choice([None, *MODELS]), "running": set(), "online": True} for i in range(3)}
+    d, clock = dispatcher(
+        lanes={k: v["resident"] for k, v in lanes.items()}, models=[ModelSpec(m, concurrency[m]) for m in MODELS]
+    )
+    pending: dict[str, tuple[Job, int]] = {}
+    last_dispatch: dict = {}
+    running: dict[str, str] = {}
+    submitted: list[str] = []
+
+    def reference_pair():
+        best = None
+        for name, lane in lanes.items():
+            if not lane["online"]:
+                continue
+            if lane["running"] and len(lane["running"]) >= concurrency[lane["resident"]]:
+                continue
+            pick = reference_best(pending, last_dispatch, lane["resident"], clock.now, d.policy)
+            if pick is None:
+                return None
+            if lane["running"] and pick[2].model != lane["resident"]:
+                continue  # draining: nothing below the job that needs another model
+            if best is None or pick[:2] > best[0][:2]:
+                best = (pick, name)
+        return best
+
+    def handle(event):
+        for decision in d.handle(event):
+            expected = reference_pair()
+            assert expected is not None, f"dispatched {decision.job.id}, the reference would not"
+            (_, _, job), lane_name = expected
+            assert (decision.job.id, decision.lane) == (job.id, lane_name)
+            pending.pop(job.id)
+            last_dispatch[(job.member, d.policy.band(job.priority))] = clock.now
+            lane = lanes[lane_name]
+            if lane["resident"] != job.model:
+                assert not lane["running"], "swapped a model under running work"
+                lane["resident"] = job.model
+            lane["running"].add(job.id)
+            running[job.id] = lane_name
+        assert reference_pair() is None, "the reference would still dispatch"
+
+    for n in range(150):
+        clock.now += rng.choice([0, 1, 5, 30, 120, 600])
+        op = rng.random()
+        if op < 0.45:
+            job = Job(
+                f"j{n}",
+                rng.choice(MODELS),
+                rng.choice([-100, -60, 0, 20, 100, 150]),
+                rng.choice(TIERS),
+                rng.choice(MEMBERS),
+                clock.now,
+            )
+            pending[job.id] = (job, len(submitted) + 1)  # the dispatcher's arrival sequence
+            submitted.append(job.id)
+            handle(JobSubmitted(job))
+        elif op < 0.75 and running:
+            job_id = rng.choice(sorted(running))
+            lanes[running.pop(job_id)]["running"].discard(job_id)
+            handle(JobFinished(job_id))
+        elif op < 0.85 and pending:
+            job_id = rng.choice(sorted(pending))
+            pending.pop(job_id)
+            handle(JobCancelled(job_id))
+        elif op < 0.92:
+            model = rng.choice(MODELS)
+            concurrency[model] = rng.randint(1, 3)
+            handle(ModelUpdated(ModelSpec(model, concurrency[model])))
+        else:
+            name = rng.choice(sorted(lanes))
+            lanes[name]["online"] = not lanes[name]["online"]
+            handle(LaneUpdated(name, online=lanes[name]["online"], resident=lanes[name]["resident"]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(MODELS), PRIORITIES, st.sampled_from(MEMBERS), st.integers(10, 300)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(1, 2),
+)
+def test_forecast_matches_what_happens_when_run_times_are_as_expected(jobs, lanes):
+    """With no new arrivals and every job taking its expected time, the forecast is exact."""
+    models = [ModelSpec(m, load_seconds=10 * (i + 1), run_seconds=60) for i, m in enumerate(MODELS)]
+    d, clock = dispatcher(lanes={f"gpu-{i}": None for i in range(lanes)}, models=models)
+    loads = {m.name: m.load_seconds for m in models}
+    ends: list[tuple[float, str]] = []
+    ready_at: dict[str, float] = {}
+    actual: dict[str, float] = {}
+
+    def started(decisions):
+        for decision in decisions:
+            if decision.load:
+                ready_at[decision.lane] = clock.now + loads[decision.model]
+            start = max(clock.now, ready_at.get(decision.lane, clock.now))
+            actual[decision.job.id] = start
+            ends.append((start + d.models.expected_run(decision.job), decision.job.id))
+
+    for i, (model, priority, member, run) in enumerate(jobs):
+        started(
+            d.handle(
+                JobSubmitted(Job(f"j{i}", model, priority, "free", member, clock.now, expected_run_seconds=float(run)))
+            )
+        )
+    predicted = {f.job_id: f.start for f in forecast(d)}
+    assert set(predicted) == {j.id for j in d.ranking.pending()}
+    while ends:
+        ends.sort()
+        clock.now, job_id = ends.pop(0)
+        started(d.handle(JobFinished(job_id)))
+    for job_id, start in predicted.items():
+        assert start == pytest.approx(actual[job_id]), job_id
