@@ -98,9 +98,9 @@ class FairShareRanking:
         oldest = self._oldest.setdefault(level, [])
         heapq.heappush(oldest, (job.submitted_at, seq, job.id))
         self._live_in_level[level] = self._live_in_level.get(level, 0) + 1
-        if oldest[0][2] == job.id:
+        if oldest[0][1] == seq:
             self._refresh_level(level)  # every clock in the level is measured from the oldest job
-        elif queue[0][2] == job.id:
+        elif queue[0][1] == seq:
             self._refresh_head(qkey)
         self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
 
