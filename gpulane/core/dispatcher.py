@@ -37,9 +37,12 @@ class Lane:
     id: str
     online: bool = True
     resident: str | None = None
-    ready: bool = False
     running: set[str] = field(default_factory=set)
     loading_since: float | None = None  # when the resident model's load began, until it is ready
+
+    @property
+    def ready(self) -> bool:
+        return self.resident is not None and self.loading_since is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,7 @@ class Dispatcher:
     def _adopt(self, job: Job, lane_id: str, started_at: float) -> None:
         self.ranking.remove(job.id)
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
-        lane.resident, lane.ready, lane.loading_since = job.model, True, None
+        lane.resident, lane.loading_since = job.model, None
         lane.running.add(job.id)
         self.running[job.id] = Running(job, lane_id, started_at)
         self.ranking.note_served(job.member, job.priority, started_at)
@@ -139,14 +142,14 @@ class Dispatcher:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.online = online
         if resident != lane.resident:
-            lane.resident, lane.ready, lane.loading_since = resident, resident is not None, None
+            lane.resident, lane.loading_since = resident, None
 
     def _loaded(self, lane_id: str, model: str) -> None:
         lane = self.lanes.get(lane_id)
         if lane is None or lane.resident != model or lane.ready:
             return  # a stale report: the lane has moved on, or already knows
         now = self.clock()
-        lane.ready, lane.loading_since = True, None
+        lane.loading_since = None
         for job_id in lane.running:
             run = self.running[job_id]
             if run.started_at is None:
@@ -193,7 +196,7 @@ class Dispatcher:
         replaces = lane.resident if load else None
         self.ranking.take(job, now)
         if load:
-            lane.resident, lane.ready, lane.loading_since = job.model, False, now
+            lane.resident, lane.loading_since = job.model, now
         lane.running.add(job.id)
         self.running[job.id] = Running(job, lane.id, now if lane.ready else None)
         decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
@@ -207,7 +210,7 @@ class Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
         clone.lanes = {
-            k: Lane(v.id, v.online, v.resident, v.ready, set(v.running), v.loading_since) for k, v in self.lanes.items()
+            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since) for k, v in self.lanes.items()
         }
         clone.running = dict(self.running)
         clone._seq = self._seq
