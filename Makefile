@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint demo bench plots clean
+.PHONY: install test unit lint crds demo bench plots clean
 .DEFAULT_GOAL := help
 
 help:
@@ -12,6 +12,7 @@ help:
 	@echo "make test      - install everything needed, lint, and run the whole suite (unit + e2e)"
 	@echo "make lint      - ruff, and mypy strict on gpulane/core"
 	@echo "make install   - create .venv and install gpulane with its dev extras"
+	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's binaries once (see docs/development.md)"
@@ -38,6 +39,9 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gpulane/core
+
+crds: install
+	$(BIN)/python -m gpulane.api.crd crds
 
 demo: install
 	$(BIN)/gpulane simulate scenarios/film-burst-vs-interactive.yaml --compare fifo,strict,llama-swap,gpulane,per-job-aging

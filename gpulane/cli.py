@@ -11,6 +11,8 @@ from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.report import comparison_table, jobs_json, summarize
 from gpulane.core.sim.scenario import ScenarioError, load_scenario
+from gpulane.operator.main import add_arguments as add_operator_arguments
+from gpulane.operator.main import run as run_operator
 
 
 def _policies(text: str) -> list[str]:
@@ -79,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print jobs and summary as one JSON object")
     sim.add_argument("--plot", metavar="FILE.png", help="write waits per stream and a GPU timeline per policy")
     sim.set_defaults(run=_simulate)
+    op = commands.add_parser("operator", help="run the Kubernetes operator (kopf) against the current cluster")
+    add_operator_arguments(op)
+    op.set_defaults(run=run_operator)
     return parser
 
 

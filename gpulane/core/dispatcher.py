@@ -24,7 +24,7 @@ from gpulane.core.events import (
     QueueServed,
 )
 from gpulane.core.jobs import Job, ModelCatalog
-from gpulane.core.policy import Policy
+from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.ranking import Ranking, make_ranking
 
 Clock = Callable[[], float]
@@ -101,7 +101,30 @@ class Dispatcher:
                     self.models.observe_load(model, load_seconds)
             case ModelUpdated(spec):
                 self.models.update(spec)
-        return self._decide()
+        return self.decide()
+
+    def replace_policy(self, policy: Policy) -> list[tuple[Job, str]]:
+        """Re-rank every waiting job under ``policy``, keeping arrival order and fair-share clocks.
+
+        Returns the jobs the new policy refuses (an unknown tier, a priority out of bounds) with the
+        reason; they leave the queue. Running jobs and lanes are untouched; call ``decide`` next.
+        """
+        old, spacing = self.ranking, self.policy.band_spacing
+        self.policy = policy
+        self.ranking = make_ranking(old.name, policy)
+        for (member, band), at in old.served().items():
+            self.ranking.note_served(member, band * spacing, at)
+        rejected: list[tuple[Job, str]] = []
+        for job in old.pending():  # in arrival order
+            try:
+                policy.bonus_for_tier(job.tier)
+                policy.check_priority(job.priority)
+            except PolicyError as err:
+                rejected.append((job, str(err)))
+                continue
+            self._seq += 1
+            self.ranking.add(job, self._seq)
+        return rejected
 
     @property
     def pending_count(self) -> int:
@@ -157,7 +180,8 @@ class Dispatcher:
 
     # -- decisions ----------------------------------------------------------------------
 
-    def _decide(self) -> list[Dispatch]:
+    def decide(self) -> list[Dispatch]:
+        """Dispatch whatever the lanes have room for (``handle`` does this after every event)."""
         decisions: list[Dispatch] = []
         while len(self.ranking):
             choice = self._best_pair()

@@ -17,6 +17,7 @@ from gpulane.core.ranked import RankedIndex
 from gpulane.core.score import ScoreBreakdown
 
 Best = tuple[float, int, Job]
+MemberLevel = tuple[str, int]  # (member, band index)
 
 
 class Ranking(Protocol):
@@ -29,13 +30,13 @@ class Ranking(Protocol):
     def remove(self, job_id: str) -> Job | None: ...
     def take(self, job: Job, now: float) -> None: ...
     def note_served(self, member: str, priority: int, at: float) -> None: ...
+    def served(self) -> dict[MemberLevel, float]: ...
     def best(self, resident: str | None) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]: ...
     def copy(self) -> Ranking: ...
 
 
-MemberLevel = tuple[str, int]
 QueueKey = tuple[str, int, str]
 _K = TypeVar("_K", MemberLevel, QueueKey)
 _E = TypeVar("_E", tuple[int, int, str], tuple[float, int, str])
@@ -125,6 +126,10 @@ class FairShareRanking:
     def note_served(self, member: str, priority: int, at: float) -> None:
         """A (member, band) queue was served at ``at``: restores fair-share clocks after a restart."""
         self._served((member, self.policy.band(priority)), at)
+
+    def served(self) -> dict[MemberLevel, float]:
+        """When each (member, band) queue was last served, for the levels whose aging it still affects."""
+        return dict(self._last_dispatch)
 
     def best(self, resident: str | None) -> Best | None:
         return self._heads.best(resident, self.policy.affinity_bonus * self._divisor)
@@ -267,6 +272,9 @@ class OrderedRanking:
 
     def note_served(self, member: str, priority: int, at: float) -> None:
         """Baselines keep no per-member clocks."""
+
+    def served(self) -> dict[MemberLevel, float]:
+        return {}
 
     def best(self, resident: str | None) -> Best | None:
         return self._index.best(resident, self._bonus)

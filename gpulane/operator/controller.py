@@ -1,0 +1,729 @@
+"""The controller owns the dispatcher. Watch events come in translated; the core's decisions go out
+as job transitions and lane work.
+
+Every core event is applied synchronously on the event loop, so the dispatcher never sees two
+events at once. API writes happen afterwards, in tasks: a job's writes are serialised by its lock,
+and a lane's pod work by its ``LaneRunner``. What the operator needs after a restart is on the API
+objects themselves (see ``rebuild``), never only in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpulane.api.resources import API_VERSION, TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec
+from gpulane.core.dispatcher import Dispatcher, DispatchError
+from gpulane.core.events import (
+    Dispatch,
+    Event,
+    JobAdopted,
+    JobCancelled,
+    JobFinished,
+    JobSubmitted,
+    LaneUpdated,
+    ModelLoaded,
+    ModelUpdated,
+    QueueServed,
+)
+from gpulane.core.explain import describe_dispatch
+from gpulane.core.jobs import Job, ModelCatalog
+from gpulane.core.policy import Policy, PolicyError
+from gpulane.operator.kube import Conflict, Gone, Kube
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.metrics import Metrics
+from gpulane.operator.pods import BACKEND_SELECTOR, PodState, pod_state
+from gpulane.operator.status import StatusWriter
+from gpulane.operator.translate import (
+    Body,
+    Refusal,
+    band_label,
+    condition,
+    format_duration,
+    format_time,
+    job_from_body,
+    job_key,
+    merge_condition,
+    model_spec,
+    parse_time,
+    validation_message,
+)
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "gpulane.io/lane-accounting"
+ACTIVE = ("assigned", "running")
+
+
+@dataclass
+class Settings:
+    namespace: str = "gpulane-system"  # where backend pods live
+    exact_positions: int = 50  # per lane; positions beyond are rounded up to a multiple of this
+    status_writes_per_second: float = 200.0
+    status_interval: float = 1.0
+    tick_seconds: float = 1.0
+
+
+@dataclass
+class JobView:
+    """What the operator tracks of one GpuJob it has admitted."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    job: Job
+    state: str = "pending"  # pending | parked | assigned | running
+    api_phase: str | None = None  # the phase on the object, as last written or seen
+    lane: str | None = None
+    decision: Dispatch | None = None
+    dispatched_at: float | None = None
+    started_at: float | None = None
+    max_run: int | None = None
+    finalizers: list[str] = field(default_factory=list)
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    woke_at: float | None = None  # when the event that let it dispatch arrived (latency metric)
+    ending: bool = False  # a terminal write is in flight
+    written: tuple[Any, ...] | None = None  # the last queue status written (StatusWriter)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def model(self) -> str:
+        return self.job.model
+
+    def ref(self) -> Body:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "GpuJob",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
+
+
+class Controller:
+    def __init__(self, kube: Kube, settings: Settings | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.dispatcher = Dispatcher(Policy(), clock, ModelCatalog())
+        self.policy_generation: int | None = None
+        self.jobs: dict[str, JobView] = {}
+        self.parked: dict[str, set[str]] = {}  # model -> jobs waiting for its GpuModel
+        self.models: dict[str, GpuModelSpec] = {}
+        self.learned: dict[str, dict[str, float]] = {}  # model -> status fields we keep up to date
+        self.lanes: dict[str, LaneRunner] = {}
+        self.pods: dict[str, PodState] = {}  # lane -> its backend pod as last seen
+        self.ready = False
+        self.metrics = Metrics(self.queue_snapshot)
+        kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
+        self.status = StatusWriter(self)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background write failed", exc_info=task.exception())
+
+    def start(self) -> None:
+        self._loops = [asyncio.create_task(self._tick()), asyncio.create_task(self.status.run())]
+
+    async def stop(self) -> None:
+        for task in [*self._loops, *self._tasks]:
+            task.cancel()
+        for lane in self.lanes.values():
+            await lane.stop()
+        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        """Deadlines and load timeouts: one loop for all jobs, no per-object timers."""
+        while True:
+            await asyncio.sleep(self.settings.tick_seconds)
+            now = self.clock()
+            for view in list(self.jobs.values()):
+                if (
+                    view.state == "running"
+                    and view.max_run is not None
+                    and view.started_at is not None
+                    and now - view.started_at > view.max_run
+                ):
+                    self.spawn(
+                        self.end_job(
+                            view, "Failed", "DeadlineExceeded", f"ran longer than maxRunSeconds={view.max_run}"
+                        )
+                    )
+            for lane in self.lanes.values():
+                lane.kick()
+
+    def apply(self, event: Event, woke_at: float | None = None) -> None:
+        """Hand one event to the core and act on every decision it returns."""
+        try:
+            decisions = self.dispatcher.handle(event)
+        except (DispatchError, PolicyError) as err:
+            log.error("the dispatcher refused %s: %s", type(event).__name__, err)
+            return
+        self._act(decisions, woke_at)
+
+    def _act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None:
+        for decision in decisions:
+            self._route(decision, woke_at)
+        self.status.dirty = True
+
+    def _route(self, decision: Dispatch, woke_at: float | None) -> None:
+        view = self.jobs[decision.job.id]
+        view.state, view.lane, view.decision = "assigned", decision.lane, decision
+        view.dispatched_at, view.woke_at = decision.at, woke_at
+        band = band_label(decision.job.priority, self.dispatcher.policy)
+        self.metrics.dispatches.labels(band).inc()
+        self.metrics.wait.labels(band).observe(max(0.0, decision.at - decision.job.submitted_at))
+        for term in decision.changed_by:
+            self.metrics.order_changes.labels(term).inc()
+        if decision.replaces is not None:
+            self.metrics.swaps.inc()
+        self.spawn(self.kube.event(view.ref(), "Dispatched", describe_dispatch(decision), now=decision.at))
+        lane = self.lanes[decision.lane]
+        lane.assigned.add(view.key)
+        lane.kick()
+
+    def queue_snapshot(self) -> dict[str, tuple[int, float]]:
+        now, policy = self.clock(), self.dispatcher.policy
+        out: dict[str, tuple[int, float]] = {}
+        for job in self.dispatcher.ranking.pending():
+            band = band_label(job.priority, policy)
+            count, oldest = out.get(band, (0, 0.0))
+            out[band] = (count + 1, max(oldest, now - job.submitted_at))
+        return out
+
+    # -- GpuJobs --------------------------------------------------------------------------------
+
+    def job_event(self, kind: str | None, body: Body) -> None:
+        meta = body["metadata"]
+        key, uid = job_key(body), meta.get("uid", "")
+        view = self.jobs.get(key)
+        if view is not None and view.uid != uid:  # deleted and created again under the same name
+            self._forget(view)
+            view = None
+        if kind == "DELETED":
+            if view is not None:
+                self._forget(view)
+            return
+        status = body.get("status") or {}
+        phase = status.get("phase")
+        finalizers = list(meta.get("finalizers") or [])
+        if view is not None:
+            view.finalizers = finalizers
+        if phase in TERMINAL_PHASES:
+            if view is not None and view.state in ACTIVE and not view.ending:
+                self._executor_finished(view, status)
+            if FINALIZER in finalizers:
+                self.spawn(self._drop_finalizer(meta["namespace"], meta["name"], finalizers))
+            return
+        if view is None:
+            if meta.get("deletionTimestamp"):
+                if FINALIZER in finalizers:
+                    self.spawn(self._drop_finalizer(meta["namespace"], meta["name"], finalizers))
+                return
+            if phase in ("Dispatching", "Running"):
+                self._adopt(body)
+            else:
+                self._admit(body)
+            return
+        if meta.get("deletionTimestamp"):
+            self._cancel(view)
+
+    def _admit(self, body: Body) -> None:
+        meta = body["metadata"]
+        result = job_from_body(body, self.dispatcher.policy)
+        if isinstance(result, Refusal):
+            self.spawn(self._refuse(body, result))
+            return
+        view = self._view(body, result)
+        self.jobs[view.key] = view
+        if result.model not in self.models:
+            view.state = "parked"
+            self.parked.setdefault(result.model, set()).add(view.key)
+            self.status.dirty = True
+            return
+        log.debug("queued %s (generation %s)", view.key, meta.get("generation"))
+        self.apply(JobSubmitted(result))
+
+    def _view(self, body: Body, job: Job) -> JobView:
+        meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+        return JobView(
+            key=job.id,
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            job=job,
+            api_phase=status.get("phase"),
+            max_run=spec.get("maxRunSeconds"),
+            finalizers=list(meta.get("finalizers") or []),
+            conditions=list(status.get("conditions") or []),
+        )
+
+    async def _refuse(self, body: Body, refusal: Refusal) -> None:
+        meta = body["metadata"]
+        now = self.clock()
+        cond = condition("Admitted", False, refusal.reason, refusal.message, now, meta.get("generation"))
+        patch = {
+            "status": {
+                "phase": "Failed",
+                "reason": refusal.reason,
+                "message": refusal.message,
+                "finishedAt": format_time(now),
+                "conditions": merge_condition((body.get("status") or {}).get("conditions"), cond),
+                "observedGeneration": meta.get("generation"),
+            }
+        }
+        self.metrics.job_failures.labels(refusal.reason).inc()
+        try:
+            await self.kube.patch_job_status(meta["namespace"], meta["name"], patch)
+        except Gone:
+            return
+        ref = {"apiVersion": API_VERSION, "kind": "GpuJob", "metadata": meta}
+        await self.kube.event(ref, refusal.reason, refusal.message, warning=True, now=now)
+
+    def _adopt(self, body: Body) -> None:
+        """A job found Dispatching or Running (after a restart): it holds its lane's capacity again."""
+        result = job_from_body(body, self.dispatcher.policy)
+        status = body.get("status") or {}
+        if isinstance(result, Refusal):  # the policy changed while the operator was away; let it run
+            log.warning("adopting %s although the current policy refuses it: %s", job_key(body), result.message)
+            return
+        lane = status.get("lane")
+        view = self._view(body, result)
+        runner = self.lanes.get(lane or "")
+        if runner is None:
+            self.jobs[view.key] = view
+            view.state = "assigned"
+            self.spawn(self.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
+            return
+        view.lane = lane
+        view.dispatched_at = parse_time(status.get("dispatchedAt")) or self.clock()
+        view.started_at = parse_time(status.get("startedAt"))
+        view.state = "running" if status.get("phase") == "Running" else "assigned"
+        self.jobs[view.key] = view
+        (runner.running if view.state == "running" else runner.assigned).add(view.key)
+        self.apply(JobAdopted(result, runner.name, view.started_at or view.dispatched_at))
+        runner.kick()
+
+    def _executor_finished(self, view: JobView, status: Body) -> None:
+        finished = parse_time(status.get("finishedAt")) or self.clock()
+        run = None if view.started_at is None else max(0.0, finished - view.started_at)
+        self.release(view, run)
+
+    def _cancel(self, view: JobView) -> None:
+        """The job is being deleted: out of the queue, or cancelled on its lane (the finalizer waits)."""
+        if view.state in ACTIVE:
+            if not view.ending:
+                self.spawn(self.end_job(view, "Cancelled", "Deleted", "the GpuJob was deleted"))
+            return
+        self._forget(view)
+        if FINALIZER in view.finalizers:
+            self.spawn(self._drop_finalizer(view.namespace, view.name, view.finalizers))
+
+    def _forget(self, view: JobView) -> None:
+        """The job left (deleted or replaced): take it out of the queue or off its lane."""
+        if view.state == "pending":
+            self.jobs.pop(view.key, None)
+            self.apply(JobCancelled(view.key))
+        elif view.state == "parked":
+            self.jobs.pop(view.key, None)
+            self.parked.get(view.model, set()).discard(view.key)
+        else:
+            self.release(view, None)
+
+    def release(self, view: JobView, run_seconds: float | None) -> None:
+        """The job no longer holds capacity: tell the core, and let the lane start the next."""
+        if self.jobs.get(view.key) is not view:
+            return
+        del self.jobs[view.key]
+        lane = self.lanes.get(view.lane or "")
+        if lane is not None:
+            lane.assigned.discard(view.key)
+            lane.running.discard(view.key)
+            self.metrics.lane_busy.labels(lane.name).set(len(lane.running))
+        if run_seconds is not None:
+            self._learn(view.model, "run", run_seconds)
+        self.apply(JobFinished(view.key, run_seconds), woke_at=time.monotonic())
+        if lane is not None:
+            lane.kick()
+
+    async def _drop_finalizer(self, namespace: str, name: str, finalizers: list[str]) -> None:
+        remaining = [f for f in finalizers if f != FINALIZER]
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
+        ]
+        try:
+            await self.kube.patch_job(namespace, name, patch)
+        except Gone:
+            pass
+        except Conflict:  # the list changed meanwhile: read it again and retry once
+            try:
+                fresh = await self.kube.get_job(namespace, name)
+            except Gone:
+                return
+            current = list(fresh["metadata"].get("finalizers") or [])
+            if FINALIZER in current:
+                await self._drop_finalizer(namespace, name, current)
+
+    async def _add_finalizer(self, view: JobView) -> None:
+        if FINALIZER in view.finalizers:
+            return
+        patch: list[Body] = [
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}
+            if view.finalizers
+            else {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+        ]
+        body = await self.kube.patch_job(view.namespace, view.name, patch)
+        view.finalizers = list(body["metadata"].get("finalizers") or [])
+
+    # -- job transitions (called by lanes and the tick) -----------------------------------------
+
+    def _dispatched_fields(self, view: JobView, now: float) -> Body:
+        decision = view.decision
+        fields: Body = {
+            "lane": view.lane,
+            "dispatchedAt": format_time(view.dispatched_at or now),
+            "position": None,
+            "positionExact": None,
+            "estimatedStart": None,
+        }
+        if decision is not None:
+            fields["score"] = decision.score.as_dict()
+            reason = "ModelLoad" if decision.load else "Warm"
+            text = describe_dispatch(decision)
+            view.conditions = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))
+            fields["conditions"] = view.conditions
+        return fields
+
+    async def mark_dispatching(self, key: str) -> None:
+        """Show a job that waits for its model to load as Dispatching."""
+        view = self.jobs.get(key)
+        if view is None or view.state != "assigned" or view.api_phase == "Dispatching":
+            return
+        async with view.lock:
+            if self.jobs.get(key) is not view or view.state != "assigned" or view.api_phase == "Dispatching":
+                return
+            now = self.clock()
+            try:
+                await self._add_finalizer(view)
+                await self.kube.patch_job_status(
+                    view.namespace,
+                    view.name,
+                    {"status": {"phase": "Dispatching", **self._dispatched_fields(view, now)}},
+                )
+            except Gone:
+                self.release(view, None)
+                return
+            view.api_phase = "Dispatching"
+
+    async def start_job(self, key: str, lane: str, pod: PodState) -> None:
+        """The job's backend is Ready: the job is Running, with the endpoint its executor calls."""
+        view = self.jobs.get(key)
+        if view is None or view.state != "assigned":
+            return
+        async with view.lock:
+            if self.jobs.get(key) is not view or view.state != "assigned" or view.ending:
+                return
+            now = self.clock()
+            spec = self.models.get(view.model)
+            fields = self._dispatched_fields(view, now)
+            fields.update(
+                phase="Running",
+                pod=pod.name,
+                endpoint=pod.endpoint(spec.port if spec else 8000),
+                startedAt=format_time(now),
+                waited=format_duration(now - view.job.submitted_at),
+            )
+            try:
+                await self._add_finalizer(view)
+                await self.kube.patch_job_status(view.namespace, view.name, {"status": fields})
+            except Gone:
+                self.release(view, None)
+                return
+            view.state, view.api_phase, view.started_at = "running", "Running", now
+            runner = self.lanes.get(lane)
+            if runner is not None:
+                runner.assigned.discard(key)
+                runner.running.add(key)
+                self.metrics.lane_busy.labels(lane).set(len(runner.running))
+            if view.woke_at is not None and view.decision is not None and not view.decision.load:
+                self.metrics.dispatch_latency.observe(time.monotonic() - view.woke_at)
+            self.status.lane_dirty(lane)
+
+    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None:
+        """End an active job (deadline, cancel, lost backend) unless its executor ended it first."""
+        if view.ending:
+            return
+        view.ending = True
+        async with view.lock:
+            now = self.clock()
+            fields = {"phase": phase, "reason": reason, "message": message, "finishedAt": format_time(now)}
+            expected = view.api_phase
+            if expected in ("Dispatching", "Running"):
+                # Only from the phase we know: if the executor already wrote an outcome, it stands.
+                patch: Any = [{"op": "test", "path": "/status/phase", "value": expected}]
+                patch += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in fields.items()]
+            else:
+                patch = {"status": fields}
+            try:
+                await self.kube.patch_job_status(view.namespace, view.name, patch)
+            except Conflict:
+                view.ending = False
+                return  # the executor's outcome arrives as its own event
+            except Gone:
+                pass
+            if phase == "Failed":
+                self.metrics.job_failures.labels(reason).inc()
+            self.release(view, None)
+        self.spawn(self.kube.event(view.ref(), reason, message, warning=warning, now=now))
+        if FINALIZER in view.finalizers:
+            await self._drop_finalizer(view.namespace, view.name, view.finalizers)
+
+    # -- backend pods ---------------------------------------------------------------------------
+
+    def pod_event(self, kind: str | None, body: Body) -> None:
+        state = pod_state(body)
+        if state is None:
+            return
+        gone = kind == "DELETED"
+        current = self.pods.get(state.lane)
+        if gone:
+            if current is not None and current.uid == state.uid:
+                del self.pods[state.lane]
+        else:
+            self.pods[state.lane] = state
+        runner = self.lanes.get(state.lane)
+        if runner is None:
+            return
+        if gone and runner.deleting == state.uid:
+            runner.deleting = None
+        elif gone or state.failed:
+            core = self.dispatcher.lanes.get(state.lane)
+            if core is not None and core.resident == state.model and runner.deleting != state.uid:
+                what = "was deleted" if gone else "failed"
+                self.backend_failed(runner, "BackendLost", f"backend pod {state.name} for {state.model} {what}")
+        if not gone and state.ready:
+            self.status.lane_dirty(state.lane)
+        runner.kick()
+
+    def backend_failed(self, runner: LaneRunner, reason: str, message: str) -> None:
+        """The lane's backend cannot serve: fail its jobs and forget the resident model."""
+        log.warning("lane %s: %s: %s", runner.name, reason, message)
+        for key in [*runner.assigned, *runner.running]:
+            view = self.jobs.get(key)
+            if view is not None:
+                self.spawn(self.end_job(view, "Failed", reason, message))
+        self.apply(LaneUpdated(runner.name, online=True, resident=None))
+        self.status.lane_dirty(runner.name)
+
+    def model_loaded(self, lane: str, model: str, seconds: float | None) -> None:
+        if seconds is not None:
+            self.metrics.model_load.observe(seconds)
+            self._learn(model, "load", seconds)
+        self.apply(ModelLoaded(lane, model, seconds))
+        self.status.lane_dirty(lane)
+
+    def _learn(self, model: str, what: str, seconds: float) -> None:
+        """Keep the model's status in step with what the core learned."""
+        if model not in self.models:
+            return
+        spec = self.dispatcher.models.get(model)
+        stats = self.learned.setdefault(model, {})
+        stats["loadSeconds"] = round(spec.load_seconds, 3)
+        stats["runSeconds"] = round(spec.run_seconds, 3)
+        count = "loads" if what == "load" else "runs"
+        stats[count] = stats.get(count, 0) + 1
+        self.status.model_dirty(model)
+
+    # -- GpuLanes, GpuModels, GpuPolicy ---------------------------------------------------------
+
+    def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None:
+        meta = body["metadata"]
+        name = meta["name"]
+        runner = self.lanes.get(name)
+        if kind == "DELETED":
+            if runner is not None:
+                self.backend_failed(runner, "LaneRemoved", f"GpuLane {name} was deleted")
+                self.apply(LaneUpdated(name, online=False))
+                del self.lanes[name]
+                self.spawn(runner.stop())
+            return
+        try:
+            spec = GpuLaneSpec.model_validate(body.get("spec") or {})
+        except ValidationError as err:
+            log.error("GpuLane %s is invalid: %s", name, validation_message(err))
+            return
+        if runner is not None:
+            runner.spec, runner.uid = spec, meta.get("uid", "")
+            runner.kick()
+            return
+        runner = LaneRunner(self, name, meta.get("uid", ""), spec)
+        self.lanes[name] = runner
+        runner.start()
+        pod = self.pods.get(name)
+        resident = pod.model if pod is not None and not pod.failed else None
+        self.apply(LaneUpdated(name, online=online, resident=resident))
+        self.status.lane_dirty(name)
+
+    def model_event(self, kind: str | None, body: Body) -> None:
+        name = body["metadata"]["name"]
+        if kind == "DELETED":
+            self.models.pop(name, None)
+            self._park_model(name)
+            return
+        try:
+            spec = GpuModelSpec.model_validate(body.get("spec") or {})
+        except ValidationError as err:
+            log.error("GpuModel %s is invalid: %s", name, validation_message(err))
+            return
+        if name not in self.learned:
+            status = body.get("status") or {}
+            self.learned[name] = {k: status[k] for k in ("loadSeconds", "runSeconds", "loads", "runs") if k in status}
+        self.models[name] = spec
+        fallback = self.dispatcher.models.get(name)
+        self.apply(ModelUpdated(model_spec(name, spec, self.learned[name], fallback)))
+        waiting = self.parked.pop(name, set())
+        for view in sorted((self.jobs[k] for k in waiting), key=lambda v: (v.job.submitted_at, v.key)):
+            view.state, view.written = "pending", None
+            self.apply(JobSubmitted(view.job))
+        for lane in self.lanes.values():
+            lane.kick()
+
+    def _park_model(self, model: str) -> None:
+        """Waiting jobs of a deleted model go back to waiting for a GpuModel of that name."""
+        for job in [j for j in self.dispatcher.ranking.pending() if j.model == model]:
+            view = self.jobs[job.id]
+            self.apply(JobCancelled(job.id))
+            view.state, view.written = "parked", None
+            self.parked.setdefault(model, set()).add(job.id)
+
+    def policy_event(self, kind: str | None, body: Body) -> None:
+        meta = body["metadata"]
+        if kind == "DELETED":
+            self._use_policy(Policy())
+            self.policy_generation = None
+            return
+        generation = meta.get("generation")
+        if generation == self.policy_generation:
+            return
+        now = self.clock()
+        try:
+            policy = Policy.model_validate(body.get("spec") or {})
+        except ValidationError as err:
+            message = "; ".join(str(e.get("ctx", {}).get("error") or e["msg"]) for e in err.errors())
+            log.error("GpuPolicy %s refused: %s", meta["name"], message)
+            cond = condition(
+                "Accepted", False, "InvalidPolicy", f"{message}; the previous policy stays", now, generation
+            )
+        else:
+            self._use_policy(policy)
+            cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
+        self.policy_generation = generation
+        conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)
+        self.spawn(
+            self._write_cluster_status(
+                "gpupolicies", meta["name"], {"conditions": conditions, "observedGeneration": generation}
+            )
+        )
+
+    def _use_policy(self, policy: Policy) -> None:
+        for job, reason in self.dispatcher.replace_policy(policy):
+            view = self.jobs.pop(job.id, None)
+            if view is not None:
+                body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
+                self.spawn(self._refuse(body, Refusal("PolicyRejected", reason)))
+        self._act(self.dispatcher.decide())
+
+    async def _write_cluster_status(self, plural: str, name: str, status: Body) -> None:
+        with contextlib.suppress(Gone):
+            await self.kube.patch_cluster_status(plural, name, {"status": status})
+
+    # -- start --------------------------------------------------------------------------------
+
+    async def rebuild(self) -> None:
+        """Rebuild everything from the API, before any watch event is handled.
+
+        Lanes stay offline while jobs are replayed, so nothing is dispatched from a partial view:
+        the first decisions are taken with every pending job, running job and served clock known.
+        """
+        with contextlib.suppress(Gone):
+            self.policy_event(None, await self.kube.get_cluster("gpupolicies", "default"))
+        for body in await self.kube.list_cluster("gpumodels"):
+            self.model_event(None, body)
+        for body in await self.kube.list_pods(BACKEND_SELECTOR):
+            state = pod_state(body)
+            if state is not None:
+                self.pods[state.lane] = state
+        lanes = await self.kube.list_cluster("gpulanes")
+        for body in lanes:
+            self.lane_event(None, body, online=False)
+        jobs = sorted(
+            await self.kube.list_jobs(),
+            key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)),
+        )
+        for body in jobs:
+            if (body.get("status") or {}).get("phase") in ("Dispatching", "Running"):
+                self.job_event(None, body)
+        for member, priority, at in _served_clocks(lanes, jobs):
+            self.apply(QueueServed(member, priority, at))
+        for body in jobs:
+            if (body.get("status") or {}).get("phase") not in ("Dispatching", "Running"):
+                self.job_event(None, body)
+        for name, runner in self.lanes.items():
+            self._check_adopted(runner)
+            pod = self.pods.get(name)
+            core = self.dispatcher.lanes[name]
+            resident = pod.model if pod is not None and not pod.failed else core.resident
+            self.apply(LaneUpdated(name, online=True, resident=resident))
+            runner.kick()
+        self.ready = True
+        log.info(
+            "rebuilt: %d jobs waiting, %d active, %d lanes",
+            self.dispatcher.pending_count,
+            len(self.dispatcher.running),
+            len(self.lanes),
+        )
+
+    def _check_adopted(self, runner: LaneRunner) -> None:
+        """Running jobs whose backend pod is gone lost their backend while the operator was away."""
+        pod = self.pods.get(runner.name)
+        for key in list(runner.running):
+            view = self.jobs[key]
+            if pod is None or pod.failed or pod.model != view.model:
+                self.spawn(self.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
+
+
+def _served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, float]]:
+    """When each (member, band) was last served: lanes record it, and dispatched jobs still show it."""
+    clocks: dict[tuple[str, int], float] = {}
+    for lane in lanes:
+        for entry in (lane.get("status") or {}).get("lastServed") or []:
+            at = parse_time(entry.get("at"))
+            if at is not None:
+                key = (entry["member"], int(entry["band"]))
+                clocks[key] = max(at, clocks.get(key, at))
+    for body in jobs:
+        status, spec = body.get("status") or {}, body.get("spec") or {}
+        at = parse_time(status.get("dispatchedAt"))
+        score = status.get("score") or {}
+        if at is None or "priority" not in score:
+            continue
+        key = (spec.get("member") or body["metadata"]["namespace"], int(score["priority"]))
+        clocks[key] = max(at, clocks.get(key, at))
+    return [(member, priority, at) for (member, priority), at in clocks.items()]

@@ -1,0 +1,73 @@
+"""The kopf registrations. Each handler hands a watch event to the controller and returns.
+
+Only event-level handlers are used: kopf's change-detection handlers would store a diff base and
+progress annotations on every GpuJob, an extra write per job and per change. Nothing here decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from gpulane.api.resources import GROUP, VERSION
+from gpulane.operator import health
+from gpulane.operator.controller import Controller, Settings
+from gpulane.operator.kube import Kube, load_client
+from gpulane.operator.pods import BACKEND_SELECTOR
+
+log = logging.getLogger(__name__)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.enabled = False  # gpulane posts its own Events, counted with its other writes
+    settings.watching.label_selectors["", "pods"] = BACKEND_SELECTOR
+    settings.watching.server_timeout = 300
+    kube = Kube(load_client(memo.get("kubeconfig")), memo.namespace)
+    ctl = Controller(kube, Settings(**memo.settings))
+    memo.controller = ctl
+    memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
+    await ctl.rebuild()
+    ctl.start()
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    ctl: Controller | None = memo.get("controller")
+    if ctl is not None:
+        await ctl.stop()
+        ctl.kube.close()
+    if memo.get("health") is not None:
+        await memo.health.cleanup()
+
+
+def _ctl(memo: kopf.Memo) -> Controller:
+    ctl: Controller = memo.controller
+    return ctl
+
+
+@kopf.on.event(GROUP, VERSION, "gpujobs")
+async def job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).job_event(event["type"], event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, "gpumodels")
+async def model_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).model_event(event["type"], event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, "gpulanes")
+async def lane_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).lane_event(event["type"], event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, "gpupolicies")
+async def policy_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).policy_event(event["type"], event["object"])
+
+
+@kopf.on.event("", "v1", "pods")
+async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).pod_event(event["type"], event["object"])

@@ -1,0 +1,175 @@
+"""Every call the operator makes to the Kubernetes API goes through ``Kube``.
+
+One place means one counter of writes per kind (reported as a metric and by the benchmarks), one
+thread pool for the official client's blocking calls, and one translation of API errors into the
+three outcomes the operator acts on: done, gone (404) and conflict (409, or a failed JSON-patch test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from gpulane.api.resources import GROUP, VERSION
+from gpulane.operator.translate import format_time
+
+Body = dict[str, Any]
+Patch = Body | list[Body]
+
+
+class Gone(Exception):
+    """The object does not exist (any more)."""
+
+
+class Conflict(Exception):
+    """The object changed under us: a resourceVersion conflict or a failed JSON-patch ``test``."""
+
+
+def load_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster configuration when running in a pod, else the kubeconfig (``$KUBECONFIG`` or the default)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32
+    return client.ApiClient(configuration)
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient, namespace: str, workers: int = 8) -> None:
+        self.api = api
+        self.namespace = namespace  # where backend pods (and lane events) live
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.writes: collections.Counter[str] = collections.Counter()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
+        self._instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.on_write: Callable[[str], None] = lambda kind: None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.api.close()
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        except ApiException as err:
+            if err.status == 404:
+                raise Gone(str(err.reason)) from None
+            if err.status == 409 or (err.status == 422 and "test" in (err.body or "")):
+                raise Conflict(str(err.body or err.reason)) from None
+            raise
+
+    async def _write(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self.writes[kind] += 1
+        self.on_write(kind)
+        return await self._call(fn, *args, **kwargs)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def list_cluster(self, plural: str) -> list[Body]:
+        result = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
+        items: list[Body] = result.get("items", [])
+        return items
+
+    async def list_jobs(self) -> list[Body]:
+        return await self.list_cluster("gpujobs")  # all namespaces
+
+    async def get_cluster(self, plural: str, name: str) -> Body:
+        body: Body = await self._call(self.custom.get_cluster_custom_object, GROUP, VERSION, plural, name)
+        return body
+
+    async def get_job(self, namespace: str, name: str) -> Body:
+        body: Body = await self._call(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", name
+        )
+        return body
+
+    async def list_pods(self, selector: str) -> list[Body]:
+        result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
+        return [self.api.sanitize_for_serialization(p) for p in result.items]
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def patch_job_status(self, namespace: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            "job-status",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            "gpujobs",
+            name,
+            patch,
+        )
+        return body
+
+    async def patch_job(self, namespace: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            "job-metadata",
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "gpujobs",
+            name,
+            patch,
+        )
+        return body
+
+    async def patch_cluster_status(self, plural: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            f"{plural[:-1]}-status",
+            self.custom.patch_cluster_custom_object_status,
+            GROUP,
+            VERSION,
+            plural,
+            name,
+            patch,
+        )
+        return body
+
+    async def create_pod(self, manifest: Body) -> Body:
+        pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)
+        created: Body = self.api.sanitize_for_serialization(pod)
+        return created
+
+    async def delete_pod(self, name: str, uid: str) -> None:
+        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        await self._write("pod-delete", self.core.delete_namespaced_pod, name, self.namespace, body=options)
+
+    async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None:
+        """A core/v1 Event on ``involved`` (a GpuJob, or a cluster-scoped object: filed in our namespace)."""
+        meta = involved["metadata"]
+        namespace = meta.get("namespace") or self.namespace
+        stamp = format_time(now)
+        body = {
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpulane-operator"},
+            "reportingComponent": "gpulane.io/operator",
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._write("event", self.core.create_namespaced_event, namespace, body)

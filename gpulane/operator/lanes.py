@@ -1,0 +1,131 @@
+"""One ``LaneRunner`` per GpuLane: it makes the lane's backend pod match the model the core wants.
+
+The runner is level-triggered: each pass reads what the core wants resident and what the pod watch
+last saw, and takes the one next step (delete the wrong pod, create the right one, start the jobs
+waiting for it, or give up on a load that took too long). Any event wakes it; a pass that has
+nothing to do makes no API call, so waking it often is cheap and a missed event cannot wedge it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from gpulane.api.resources import GpuLaneSpec
+from gpulane.operator.kube import Conflict, Gone
+from gpulane.operator.pods import PodState, backend_pod, pod_state
+from gpulane.operator.translate import parse_time
+
+if TYPE_CHECKING:
+    from gpulane.operator.controller import Controller
+
+log = logging.getLogger(__name__)
+
+
+class LaneRunner:
+    def __init__(self, ctl: Controller, name: str, uid: str, spec: GpuLaneSpec) -> None:
+        self.ctl = ctl
+        self.name = name
+        self.uid = uid
+        self.spec = spec
+        self.assigned: set[str] = set()  # dispatched by the core, waiting for the backend
+        self.running: set[str] = set()
+        self.load_started: float | None = None
+        self.deleting: str | None = None  # uid of the pod we asked to delete
+        self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pod(self) -> PodState | None:
+        return self.ctl.pods.get(self.name)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"lane-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("lane %s: reconcile failed; retrying", self.name)
+                await asyncio.sleep(1.0)
+                self._wake.set()
+
+    async def reconcile(self) -> None:
+        ctl = self.ctl
+        core = ctl.dispatcher.lanes.get(self.name)
+        want = core.resident if core is not None else None
+        pod = self.pod
+        now = ctl.clock()
+        if pod is not None and (pod.failed or pod.model != want):
+            await self._remove(pod)
+            return
+        if want is None:
+            return
+        model = ctl.models.get(want)
+        if pod is None or not pod.ready:
+            await asyncio.gather(*(ctl.mark_dispatching(key) for key in list(self.assigned)))
+        if pod is None:
+            if model is None:
+                ctl.backend_failed(self, "ModelNotFound", f"GpuModel {want!r} no longer exists")
+                return
+            manifest = backend_pod(
+                lane=self.name,
+                lane_uid=self.uid,
+                lane_spec=self.spec,
+                model=want,
+                model_spec=model,
+                namespace=ctl.kube.namespace,
+            )
+            try:
+                created = await ctl.kube.create_pod(manifest)
+            except Conflict:
+                return  # the previous pod is still terminating; its deletion wakes us again
+            self.load_started = now
+            state = pod_state(created)
+            if state is not None and self.name not in ctl.pods:
+                ctl.pods[self.name] = state
+            log.info("lane %s: loading %s in pod %s", self.name, want, manifest["metadata"]["name"])
+            return
+        if pod.ready:
+            if self.load_started is not None or (core is not None and not core.ready):
+                seconds = None if self.load_started is None else now - self.load_started
+                self.load_started = None
+                ctl.model_loaded(self.name, want, seconds)
+            await asyncio.gather(*(ctl.start_job(key, self.name, pod) for key in list(self.assigned)))
+            return
+        if self.load_started is None:
+            self.load_started = parse_time(pod.created_at) or now
+        timeout = model.load_timeout_seconds if model is not None else 600
+        if now - self.load_started > timeout:
+            self.load_started = None
+            ctl.backend_failed(
+                self, "ModelLoadTimeout", f"backend pod {pod.name} for {want} was not Ready within {timeout}s"
+            )
+            self.kick()
+
+    async def _remove(self, pod: PodState) -> None:
+        """Delete a pod that serves the wrong model or is dead, once; its deletion event wakes us."""
+        if self.deleting == pod.uid:
+            return
+        running_on_it = [k for k in self.running if (v := self.ctl.jobs.get(k)) and v.model == pod.model]
+        if running_on_it and not pod.failed:
+            return  # never interrupt running work: the core drains a lane before it swaps
+        self.deleting = pod.uid
+        log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, "dead" if pod.failed else "swap")
+        # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
+        with contextlib.suppress(Gone, Conflict):
+            await self.ctl.kube.delete_pod(pod.name, pod.uid)

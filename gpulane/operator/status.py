@@ -1,0 +1,189 @@
+"""The one writer of queue status: positions, estimates and scores of waiting jobs, and the status of
+lanes and models.
+
+Writes are coalesced and rate-limited so that thousands of waiting jobs cause no patch storm:
+- the first ``exact_positions`` jobs of each lane get exact positions and estimates, rewritten when
+  they move or the estimate shifts noticeably;
+- jobs beyond them get a position rounded up to a multiple of ``exact_positions``
+  (``positionExact: false``), rewritten only when that bucket changes;
+- each pass writes the head of the queue first and at most ``status_writes_per_second`` per second;
+  whatever is left waits for the next pass, which recomputes from the newest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from gpulane.core.forecast import Forecast, forecast
+from gpulane.operator.kube import Gone
+from gpulane.operator.translate import band_label, condition, format_time, merge_condition
+
+if TYPE_CHECKING:
+    from gpulane.operator.controller import Controller, JobView
+
+log = logging.getLogger(__name__)
+
+# Even with nothing new, estimates and scores drift as time passes: refresh them this often.
+REFRESH_SECONDS = 10.0
+CONCURRENT_WRITES = 8
+
+# (job, the state it must still be in, the status to merge, what the writer remembers having written)
+Write = tuple["JobView", str, dict[str, Any], tuple[Any, ...]]
+
+
+class StatusWriter:
+    def __init__(self, ctl: Controller) -> None:
+        self.ctl = ctl
+        self.dirty = True
+        self._lanes: set[str] = set()
+        self._models: set[str] = set()
+        self._depth: dict[str, dict[str, int]] = {}
+        self._last_pass = -math.inf
+
+    def lane_dirty(self, lane: str) -> None:
+        self._lanes.add(lane)
+
+    def model_dirty(self, model: str) -> None:
+        self._models.add(model)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctl.settings.status_interval)
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("status pass failed; retrying")
+
+    async def flush(self) -> None:
+        ctl = self.ctl
+        now = ctl.clock()
+        budget = max(1, int(ctl.settings.status_writes_per_second * ctl.settings.status_interval))
+        writes: list[Write] = []
+        if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
+            self.dirty = False
+            self._last_pass = now
+            writes = self._queue_writes(now)
+            if len(writes) > budget:
+                self.dirty = True  # the rest next pass, recomputed
+                writes = writes[:budget]
+        sem = asyncio.Semaphore(CONCURRENT_WRITES)
+
+        async def job(view: JobView, state: str, status: dict[str, Any], written: tuple[Any, ...]) -> None:
+            async with sem, view.lock:
+                if ctl.jobs.get(view.key) is not view or view.state != state:
+                    return  # dispatched or gone since the pass began
+                try:
+                    await ctl.kube.patch_job_status(view.namespace, view.name, {"status": status})
+                except Gone:
+                    return
+                view.written = written
+                view.api_phase = "Pending"
+
+        lanes, self._lanes = self._lanes, set()
+        models, self._models = self._models, set()
+        await asyncio.gather(
+            *(job(*w) for w in writes),
+            *(self._write_lane(name) for name in lanes if name in ctl.lanes),
+            *(self._write_model(name) for name in models if name in ctl.models),
+        )
+
+    def _queue_writes(self, now: float) -> list[Write]:
+        ctl = self.ctl
+        dispatcher = ctl.dispatcher
+        exact_n = ctl.settings.exact_positions
+        per_lane: Counter[str | None] = Counter()
+        depth: dict[str, Counter[str]] = {name: Counter() for name in ctl.lanes}
+        writes: list[Write] = []
+        ahead: list[Forecast] = forecast(dispatcher)
+        for f in ahead:
+            view = ctl.jobs.get(f.job_id)
+            if view is None or view.state != "pending":
+                continue
+            band = band_label(view.job.priority, dispatcher.policy)
+            if f.lane in depth:
+                depth[f.lane][band] += 1
+            index = per_lane[f.lane]
+            per_lane[f.lane] += 1
+            exact = index < exact_n
+            position = f.position if exact else math.ceil(f.position / exact_n) * exact_n
+            lane = dispatcher.lanes.get(f.lane or "")
+            score = dispatcher.ranking.breakdown(view.job, lane.resident if lane else None, now)
+            start = None if f.start is None else round(f.start if exact else f.start / 60) * (1 if exact else 60)
+            desired = (position, exact, start, round(score.total))
+            if not self._changed(view.written, desired):
+                continue
+            if not any(c.get("type") == "Admitted" for c in view.conditions):
+                view.conditions = merge_condition(
+                    view.conditions, condition("Admitted", True, "Queued", "waiting for a lane", now)
+                )
+            status: dict[str, Any] = {
+                "phase": "Pending",
+                "position": position,
+                "positionExact": exact,
+                "estimatedStart": None if start is None else format_time(start),
+                "score": score.as_dict(),
+                "conditions": view.conditions,
+            }
+            writes.append((view, "pending", status, desired))
+        self._depth = {name: dict(c) for name, c in depth.items()}
+        for models in ctl.parked.values():
+            for key in models:
+                view = ctl.jobs[key]
+                if view.written is None:
+                    message = f"no GpuModel named {view.model!r}; the job waits until one is created"
+                    view.conditions = merge_condition(
+                        view.conditions, condition("Admitted", False, "ModelNotFound", message, now)
+                    )
+                    status = {"phase": "Pending", "reason": "ModelNotFound", "message": message}
+                    writes.append((view, "parked", {**status, "conditions": view.conditions}, ("parked",)))
+        for name, runner in ctl.lanes.items():
+            if self._depth.get(name, {}) != runner.last_depth:
+                self._lanes.add(name)
+        return writes
+
+    @staticmethod
+    def _changed(written: tuple[Any, ...] | None, desired: tuple[Any, ...]) -> bool:
+        if written is None or len(written) != len(desired):
+            return True
+        position, exact, start, score = desired
+        if (written[0], written[1]) != (position, exact):
+            return True
+        if not exact:
+            return False  # a bucket is rewritten only when it changes
+        if (start is None) != (written[2] is None):
+            return True
+        moved = start is not None and abs(start - written[2]) > 30
+        return moved or bool(abs(score - written[3]) >= 1)
+
+    async def _write_lane(self, name: str) -> None:
+        ctl = self.ctl
+        runner = ctl.lanes[name]
+        core = ctl.dispatcher.lanes.get(name)
+        pod = ctl.pods.get(name)
+        spacing = ctl.dispatcher.policy.band_spacing
+        depth = self._depth.get(name, {})
+        # A merge patch merges maps: bands that emptied must be removed explicitly.
+        queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
+        runner.last_depth = depth
+        status = {
+            "residentModel": core.resident if core else None,
+            "pod": pod.name if pod else None,
+            "ready": bool(pod and pod.ready and core and core.ready and pod.model == core.resident),
+            "running": sorted(runner.running | runner.assigned),
+            "queueDepth": queue_depth,
+            "lastServed": [
+                {"member": member, "band": band * spacing, "at": format_time(at)}
+                for (member, band), at in sorted(ctl.dispatcher.ranking.served().items())
+            ],
+        }
+        with contextlib.suppress(Gone):
+            await ctl.kube.patch_cluster_status("gpulanes", name, {"status": status})
+
+    async def _write_model(self, name: str) -> None:
+        with contextlib.suppress(Gone):
+            await self.ctl.kube.patch_cluster_status("gpumodels", name, {"status": dict(self.ctl.learned[name])})

@@ -1,0 +1,140 @@
+"""Pure translations between Kubernetes objects (plain dicts) and the core's values.
+
+Nothing here calls the API: handlers and the rebuild at start use these to turn what they see into
+core events, and the unit tests exercise them without a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpulane.api.resources import GpuJobSpec, GpuModelSpec
+from gpulane.core.jobs import Job, ModelSpec
+from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.priority import resolve_priority
+
+Body = dict[str, Any]
+
+
+def job_key(body: Body) -> str:
+    meta = body["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"
+
+
+def parse_time(text: str | None) -> float | None:
+    """Seconds since the epoch from an RFC 3339 timestamp as the apiserver writes it."""
+    if not text:
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def format_time(seconds: float) -> str:
+    """RFC 3339 in UTC with millisecond precision (what a date-time schema field accepts)."""
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``12m30s``, ``3h05m``: compact like kubectl's AGE column."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def validation_message(err: ValidationError) -> str:
+    """One line per problem, with the field's path, as a user reads it on the status."""
+    parts = []
+    for problem in err.errors():
+        where = ".".join(str(p) for p in problem["loc"]) or "spec"
+        parts.append(f"spec.{where}: {problem['msg']}")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a GpuJob cannot be queued: a reason (CamelCase, for status.reason) and a message."""
+
+    reason: str
+    message: str
+
+
+def job_from_body(body: Body, policy: Policy) -> Job | Refusal:
+    """The core job for a GpuJob, or why it cannot be queued under ``policy``."""
+    meta = body["metadata"]
+    try:
+        spec = GpuJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        return Refusal("InvalidSpec", validation_message(err))
+    try:
+        priority = policy.check_priority(resolve_priority(spec.priority))
+    except PolicyError as err:
+        return Refusal("PriorityOutOfBounds", str(err))
+    except ValueError as err:
+        return Refusal("InvalidPriority", str(err))
+    try:
+        policy.bonus_for_tier(spec.tier)
+    except PolicyError as err:
+        return Refusal("UnknownTier", str(err))
+    submitted = parse_time(meta.get("creationTimestamp"))
+    return Job(
+        id=job_key(body),
+        model=spec.model,
+        priority=priority,
+        tier=spec.tier,
+        member=spec.member or meta["namespace"],
+        submitted_at=submitted if submitted is not None else 0.0,
+        expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
+    )
+
+
+def model_spec(name: str, spec: GpuModelSpec, status: Body | None, fallback: ModelSpec) -> ModelSpec:
+    """The core's view of a GpuModel: learned times from its status, else the spec's estimates."""
+    status = status or {}
+    load = status.get("loadSeconds", spec.expected_load_seconds)
+    run = status.get("runSeconds", spec.expected_run_seconds)
+    return ModelSpec(
+        name,
+        max_concurrency=spec.max_concurrency,
+        load_seconds=float(load) if load is not None else fallback.load_seconds,
+        run_seconds=float(run) if run is not None else fallback.run_seconds,
+    )
+
+
+def band_label(priority: int, policy: Policy) -> str:
+    """The metric and status label of a priority's band: the band's centre, e.g. ``-100``, ``0``, ``100``."""
+    return str(policy.band(priority) * policy.band_spacing)
+
+
+def condition(
+    type_: str, status: bool, reason: str, message: str, now: float, generation: int | None = None
+) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": format_time(now),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def merge_condition(existing: list[dict[str, Any]] | None, new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Replace the condition of the same type; keep its transition time when its status did not change."""
+    out = []
+    for cond in existing or []:
+        if cond.get("type") == new["type"]:
+            if cond.get("status") == new["status"]:
+                new = {**new, "lastTransitionTime": cond.get("lastTransitionTime", new["lastTransitionTime"])}
+            continue
+        out.append(cond)
+    out.append(new)
+    return out
