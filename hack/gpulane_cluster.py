@@ -682,16 +682,17 @@ def _argv(layout: Layout, bindir: Path, ports: Ports, server: str) -> dict[str, 
     }
 
 
-def gpu_node_manifest() -> dict[str, Any]:
+def gpu_node_manifest(name: str = GPU_NODE) -> dict[str, Any]:
+    """A kwok-managed node advertising one GPU (tests create more of them for extra lanes)."""
     resources = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU_RESOURCE: "1"}
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
-            "name": GPU_NODE,
+            "name": name,
             "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
             "labels": {
-                "kubernetes.io/hostname": GPU_NODE,
+                "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "type": "kwok",

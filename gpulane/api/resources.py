@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 from pydantic.config import JsonDict
 
 from gpulane.core.policy import CamelModel, Policy
@@ -67,7 +67,7 @@ class JobRequest(CamelModel):
 class GpuJobSpec(CamelModel):
     model: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME, json_schema_extra=immutable("model"))
     # An integer, or an alias (interactive, normal, batch) that the operator resolves.
-    priority: int | str = Field(
+    priority: StrictInt | str = Field(
         default=0,
         json_schema_extra={
             "x-kubernetes-validations": [

@@ -53,6 +53,7 @@ from gpulane.operator.translate import (
     merge_condition,
     model_spec,
     parse_time,
+    score_fields,
     validation_message,
 )
 
@@ -404,7 +405,7 @@ class Controller:
             "estimatedStart": None,
         }
         if decision is not None:
-            fields["score"] = decision.score.as_dict()
+            fields["score"] = score_fields(decision.score)
             reason = "ModelLoad" if decision.load else "Warm"
             text = describe_dispatch(decision)
             view.conditions = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))

@@ -71,6 +71,8 @@ class Kube:
             raise
 
     async def _write(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[-1], list):  # a JSON patch; the client would send a merge patch
+            kwargs["_content_type"] = "application/json-patch+json"
         self.writes[kind] += 1
         self.on_write(kind)
         return await self._call(fn, *args, **kwargs)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpulane.core.forecast import Forecast, forecast
 from gpulane.operator.kube import Gone
-from gpulane.operator.translate import band_label, condition, format_time, merge_condition
+from gpulane.operator.translate import band_label, condition, format_time, merge_condition, score_fields
 
 if TYPE_CHECKING:
     from gpulane.operator.controller import Controller, JobView
@@ -126,7 +126,7 @@ class StatusWriter:
                 "position": position,
                 "positionExact": exact,
                 "estimatedStart": None if start is None else format_time(start),
-                "score": score.as_dict(),
+                "score": score_fields(score),
                 "conditions": view.conditions,
             }
             writes.append((view, "pending", status, desired))

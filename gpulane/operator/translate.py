@@ -16,6 +16,7 @@ from gpulane.api.resources import GpuJobSpec, GpuModelSpec
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority
+from gpulane.core.score import ScoreBreakdown
 
 Body = dict[str, Any]
 
@@ -52,8 +53,8 @@ def validation_message(err: ValidationError) -> str:
     """One line per problem, with the field's path, as a user reads it on the status."""
     parts = []
     for problem in err.errors():
-        where = ".".join(str(p) for p in problem["loc"]) or "spec"
-        parts.append(f"spec.{where}: {problem['msg']}")
+        where = ".".join(["spec", *(str(p) for p in problem["loc"])])
+        parts.append(f"{where}: {problem['msg']}")
     return "; ".join(parts)
 
 
@@ -138,3 +139,8 @@ def merge_condition(existing: list[dict[str, Any]] | None, new: dict[str, Any]) 
         out.append(cond)
     out.append(new)
     return out
+
+
+def score_fields(score: ScoreBreakdown) -> dict[str, float]:
+    """The score as written to a status: aging and total to two decimals (the clock is sub-second)."""
+    return {**score.as_dict(), "aging": round(score.aging, 2), "total": round(score.total, 2)}

@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from .support import Cluster, localcluster, wait_until
+from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World
+from .support import REPO, Cluster, localcluster, wait_until
+
+CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies")]
 
 
 @pytest.fixture(scope="session")
@@ -91,3 +94,27 @@ def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iter
     )
     yield name
     core_v1.delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: Cluster, core_v1: client.CoreV1Api) -> None:
+    """gpulane's CRDs (from crds/, as committed) and the operator's namespace."""
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    cluster.kubectl("wait", "--for=condition=Established", *CRD_NAMES, "--timeout=60s")
+    cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
+
+
+@pytest.fixture
+def operator(cluster: Cluster, crds: None, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """``gpulane operator`` as its own process, Ready; stopped after the test (its log is in tmp_path)."""
+    proc = OperatorProcess(cluster, tmp_path).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def world(cluster: Cluster, api_client: client.ApiClient, namespace: str, operator: OperatorProcess) -> Iterator[World]:
+    """The test's own GPU nodes, lanes, models and jobs; removed while the operator still runs."""
+    w = World(cluster, api_client, namespace)
+    yield w
+    w.cleanup()

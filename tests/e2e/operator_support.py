@@ -1,0 +1,364 @@
+"""The operator as its own process, and a small world of GpuLanes, GpuModels and GpuJobs around it.
+
+Every test gets its own kwok GPU node(s), lanes and models under unique names, so tests never share
+a GPU; its jobs live in the test's namespace. Objects are created with kubectl from real manifests
+and observed through the API, never through the operator's internals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, watch
+
+from .support import REPO, Cluster, localcluster, wait_until
+
+GROUP, VERSION = "gpulane.io", "v1alpha1"
+API = f"{GROUP}/{VERSION}"
+OPERATOR_NAMESPACE = "gpulane-system"
+READY_DELAY = "gpulane.dev/kwok-ready-delay"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OperatorProcess:
+    """``gpulane operator`` started with the admin kubeconfig; its log is kept for failure messages."""
+
+    def __init__(self, cluster: Cluster, log_dir: Path, *extra: str) -> None:
+        self.cluster = cluster
+        self.port = free_port()
+        self.log_path = log_dir / f"operator-{self.port}.log"
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        argv = [
+            str(REPO / ".venv" / "bin" / "gpulane"),
+            "operator",
+            "--namespace",
+            OPERATOR_NAMESPACE,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            *self.extra,
+        ]
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
+        log.close()
+        wait_until(self._ready, timeout=60, what=f"operator /readyz on port {self.port}")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            return self.get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    def metrics(self) -> dict[str, float]:
+        """Samples of /metrics as ``name{labels}`` -> value."""
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup handlers run, exactly like a node failure or an OOM kill."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return localcluster.tail(self.log_path, lines)
+
+
+@dataclass
+class JobRecorder:
+    """Watches the namespace's GpuJobs and records each phase transition in the order the API shows them."""
+
+    api: client.ApiClient
+    namespace: str
+    transitions: list[tuple[str, str]] = field(default_factory=list)  # (job, phase)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> JobRecorder:
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    def _run(self, ready: threading.Event) -> None:
+        custom = client.CustomObjectsApi(self.api)
+        last: dict[str, str | None] = {}
+        rv = custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["metadata"][
+            "resourceVersion"
+        ]
+        ready.set()
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    "gpujobs",
+                    resource_version=rv,
+                    timeout_seconds=5,
+                ):
+                    obj = event["object"]
+                    rv = obj["metadata"]["resourceVersion"]
+                    name = obj["metadata"]["name"]
+                    phase = (obj.get("status") or {}).get("phase")
+                    if phase != last.get(name) and phase is not None:
+                        self.transitions.append((name, phase))
+                    last[name] = phase
+                    if self._stop.is_set():
+                        break
+            except Exception:  # a watch that expired restarts from the last version seen
+                time.sleep(0.2)
+
+    def order(self, phase: str = "Running") -> list[str]:
+        return [name for name, p in self.transitions if p == phase]
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+class World:
+    """A test's GPU nodes, lanes, models and jobs, created with kubectl and cleaned up afterwards."""
+
+    def __init__(self, cluster: Cluster, api: client.ApiClient, namespace: str) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.tag = uuid.uuid4().hex[:5]
+        self.nodes: list[str] = []
+        self.cluster_objects: list[tuple[str, str]] = []  # (plural, name)
+
+    def name(self, stem: str) -> str:
+        return f"{stem}-{self.tag}"
+
+    def apply(self, *docs: dict[str, Any]) -> None:
+        self.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    # -- cluster-scoped objects ------------------------------------------------------------------
+
+    def node(self, stem: str = "gpu") -> str:
+        """A new kwok node with one GPU; its name is returned."""
+        name = self.name(stem)
+        manifest = localcluster.gpu_node_manifest(name)
+        self.core.create_node(manifest)
+        self.core.patch_node_status(name, {"status": manifest["status"]})
+        self.nodes.append(name)
+        wait_until(lambda: self._node_ready(name), timeout=60, what=f"node {name} Ready")
+        return name
+
+    def _node_ready(self, name: str) -> bool:
+        node = self.core.read_node(name)
+        gpus = (node.status.allocatable or {}).get("nvidia.com/gpu")
+        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+        return ready and gpus == "1"
+
+    def lane(self, stem: str = "lane", node: str | None = None) -> str:
+        name = self.name(stem)
+        node = node or self.node()
+        self.apply(
+            {
+                "apiVersion": API,
+                "kind": "GpuLane",
+                "metadata": {"name": name},
+                "spec": {"nodeName": node},
+            }
+        )
+        self.cluster_objects.append(("gpulanes", name))
+        return name
+
+    def model(self, stem: str, *, ready_delay: str = "1s", **spec: Any) -> str:
+        name = self.name(stem)
+        body = {
+            "image": f"example.invalid/{stem}:1",
+            "podAnnotations": {READY_DELAY: ready_delay},
+            "expectedRunSeconds": 30,
+            **spec,
+        }
+        self.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": body})
+        self.cluster_objects.append(("gpumodels", name))
+        return name
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    def job_doc(self, name: str, model: str, **spec: Any) -> dict[str, Any]:
+        return {
+            "apiVersion": API,
+            "kind": "GpuJob",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {"model": model, **spec},
+        }
+
+    def job(self, name: str, model: str, **spec: Any) -> str:
+        self.apply(self.job_doc(name, model, **spec))
+        return name
+
+    def get(self, name: str) -> dict[str, Any]:
+        body: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs", name)
+        return body
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def wait_phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
+        return wait_until(
+            lambda: (s := self.status(name)).get("phase") in phases and s,
+            timeout=timeout,
+            what=f"GpuJob {name} in phase {'/'.join(phases)}",
+        )
+
+    def complete(self, name: str, phase: str = "Succeeded") -> None:
+        """What an executor does when the job's work is done: Running -> Succeeded, through the status."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = [
+            {"op": "test", "path": "/status/phase", "value": "Running"},
+            {"op": "replace", "path": "/status/phase", "value": phase},
+            {"op": "add", "path": "/status/finishedAt", "value": now},
+        ]
+        self.cluster.kubectl(
+            "patch",
+            "gpujob",
+            name,
+            "-n",
+            self.namespace,
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            json.dumps(patch),
+        )
+
+    def run_through(self, names: set[str], timeout: float = 90) -> list[str]:
+        """Act as the executor: complete whichever job is Running until all of ``names`` ran; return the order."""
+        order: list[str] = []
+        deadline = time.monotonic() + timeout
+        while set(order) != names:
+            assert time.monotonic() < deadline, f"only {order} ran of {sorted(names)}"
+            running = [
+                j["metadata"]["name"]
+                for j in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["items"]
+                if (j.get("status") or {}).get("phase") == "Running"
+            ]
+            for name in running:
+                if name not in order:
+                    order.append(name)
+                self.complete(name)
+            if not running:
+                time.sleep(0.1)
+        return order
+
+    def events(self, name: str) -> list[client.CoreV1Event]:
+        selector = f"involvedObject.name={name},involvedObject.kind=GpuJob"
+        return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
+
+    def backend_pods(self, lane: str) -> list[client.V1Pod]:
+        pods = self.core.list_namespaced_pod(OPERATOR_NAMESPACE).items
+        return [p for p in pods if (p.metadata.annotations or {}).get("gpulane.io/lane") == lane]
+
+    # -- cleanup -----------------------------------------------------------------------------------
+
+    def strip_finalizers(self) -> None:
+        """Jobs keep a finalizer while the operator owns them; without an operator, remove it by hand."""
+        for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["items"]:
+            if job["metadata"].get("finalizers"):
+                with contextlib.suppress(client.ApiException):
+                    self.custom.patch_namespaced_custom_object(
+                        GROUP,
+                        VERSION,
+                        self.namespace,
+                        "gpujobs",
+                        job["metadata"]["name"],
+                        {"metadata": {"finalizers": None}},
+                    )
+
+    def cleanup(self) -> None:
+        self.strip_finalizers()
+        for plural, name in reversed(self.cluster_objects):
+            with contextlib.suppress(client.ApiException):
+                self.custom.delete_cluster_custom_object(GROUP, VERSION, plural, name)
+        for node in self.nodes:
+            with contextlib.suppress(client.ApiException):
+                self.core.delete_node(node)
+
+
+@contextlib.contextmanager
+def pod_watch(core: client.CoreV1Api) -> Iterator[list[tuple[str, str, str]]]:
+    """Records (event type, pod name, uid) of every backend pod in the operator's namespace."""
+    seen: list[tuple[str, str, str]] = []
+    stop = threading.Event()
+    rv = core.list_namespaced_pod(OPERATOR_NAMESPACE).metadata.resource_version
+
+    def run() -> None:
+        nonlocal rv
+        while not stop.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    core.list_namespaced_pod, OPERATOR_NAMESPACE, resource_version=rv, timeout_seconds=2
+                ):
+                    pod = event["object"]
+                    rv = pod.metadata.resource_version
+                    seen.append((event["type"], pod.metadata.name, pod.metadata.uid))
+            except Exception:
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(5)

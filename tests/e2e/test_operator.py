@@ -1,0 +1,223 @@
+"""The operator on the real local control plane: dispatch order, pod reuse and swaps, lanes, the job
+lifecycle and its failure modes, restarts. The tests act as the executor: they complete a Running
+job by writing its outcome to the status, as the bridge will."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .operator_support import OperatorProcess, World, pod_watch
+from .support import wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def test_dispatch_order_follows_the_scores(world: World, operator: OperatorProcess) -> None:
+    lane = world.lane()
+    sdxl, flux = world.model("sdxl"), world.model("flux")
+    world.job("blocker", sdxl, member="zed")
+    world.wait_phase("blocker", "Running")
+    # Members all differ, so fair share plays no part; aging is a fraction of a point.
+    burst = [
+        world.job_doc("film-free", sdxl, priority="batch", member="a"),
+        world.job_doc("film-max", sdxl, priority="batch", tier="max", member="b"),
+        world.job_doc("chat", flux, priority=0, member="c"),
+        world.job_doc("image", flux, priority="interactive", member="d"),
+        world.job_doc("image-pro", sdxl, priority="interactive", tier="pro", member="e"),
+    ]
+    world.apply(*burst)
+    for doc in burst:
+        world.wait_phase(doc["metadata"]["name"], "Pending")
+    queued = world.status("image-pro")
+    assert queued["position"] == 1 and queued["positionExact"] is True and "estimatedStart" in queued
+    assert queued["score"] == {
+        "priority": 100,
+        "tier": 1,
+        "affinity": 10,
+        "aging": queued["score"]["aging"],
+        "total": queued["score"]["total"],
+    }
+    order = world.run_through({"blocker", *(d["metadata"]["name"] for d in burst)})
+    # image-pro: 100 + 1 + affinity 10; image: 100 (swap to flux); chat: 0 + affinity; then the batch
+    # band, tier first: film-max -98 (swap back to sdxl), film-free -100 + affinity.
+    assert order == ["blocker", "image-pro", "image", "chat", "film-max", "film-free"]
+    won = [e for e in world.events("image") if e.reason == "Dispatched"]
+    assert won and "swapping" in won[0].message and "priority 100" in won[0].message
+    finished = world.status("chat")
+    assert finished["phase"] == "Succeeded" and finished["lane"] == lane and finished["waited"]
+    assert not world.get("chat")["metadata"].get("finalizers"), "the finalizer is removed once the job ended"
+
+
+def test_reuse_keeps_the_pod_and_a_swap_never_overlaps_two_pods(world: World, operator: OperatorProcess) -> None:
+    lane = world.lane()
+    sdxl, flux = world.model("sdxl", ready_delay="2s"), world.model("flux", ready_delay="2s")
+    with pod_watch(world.core) as seen:
+        world.job("a1", sdxl)
+        first = world.wait_phase("a1", "Running")
+        uid = world.backend_pods(lane)[0].metadata.uid
+        world.job("a2", sdxl)
+        world.job("b1", flux)
+        world.complete("a1")
+        second = world.wait_phase("a2", "Running")
+        assert world.backend_pods(lane)[0].metadata.uid == uid, "the warm pod is reused, not restarted"
+        assert second["pod"] == first["pod"] and second["endpoint"] == first["endpoint"]
+        assert world.status("b1")["phase"] == "Pending", "the swap waits for the lane to drain"
+        world.complete("a2")
+        world.wait_phase("b1", "Dispatching")
+        world.wait_phase("b1", "Running")
+        [pod] = world.backend_pods(lane)
+        assert pod.metadata.uid != uid and pod.metadata.annotations["gpulane.io/model"] == flux
+    live: set[str] = set()
+    most = 0
+    for kind, _name, pod_uid in seen:
+        if kind == "DELETED":
+            live.discard(pod_uid)
+        else:
+            live.add(pod_uid)
+        most = max(most, len(live))
+    assert most == 1, f"two backend pods existed at once: {seen}"
+
+
+def test_a_job_lands_on_the_lane_where_its_model_is_warm(world: World, operator: OperatorProcess) -> None:
+    left, right = world.lane("left"), world.lane("right")
+    sdxl, flux = world.model("sdxl"), world.model("flux")
+    world.job("warm-sdxl", sdxl)
+    world.job("warm-flux", flux)
+    world.run_through({"warm-sdxl", "warm-flux"})
+    lanes = {world.status("warm-sdxl")["lane"], world.status("warm-flux")["lane"]}
+    assert lanes == {left, right}
+    flux_lane = world.status("warm-flux")["lane"]
+    for i in range(3):
+        world.job(f"flux-{i}", flux)
+        assert world.wait_phase(f"flux-{i}", "Running")["lane"] == flux_lane
+        world.complete(f"flux-{i}")
+
+
+def test_cancelling_a_queued_and_a_running_job(world: World, operator: OperatorProcess) -> None:
+    world.lane()
+    sdxl = world.model("sdxl")
+    world.job("running", sdxl)
+    world.wait_phase("running", "Running")
+    world.job("queued", sdxl)
+    world.job("next", sdxl)
+    world.wait_phase("queued", "Pending")
+    world.cluster.kubectl("delete", "gpujob", "queued", "-n", world.namespace, "--wait=true", "--timeout=30s")
+    world.cluster.kubectl("delete", "gpujob", "running", "-n", world.namespace, "--wait=true", "--timeout=30s")
+    # The lane was freed by the cancellation and the queued job is gone: `next` runs.
+    assert world.wait_phase("next", "Running")
+    reasons = {e.reason for e in world.events("running")}
+    assert "Deleted" in reasons, reasons
+
+
+def test_a_backend_that_never_becomes_ready_fails_the_job_and_the_lane_recovers(
+    world: World, operator: OperatorProcess
+) -> None:
+    lane = world.lane()
+    stuck = world.model("stuck", ready_delay="1h", loadTimeoutSeconds=3)
+    good = world.model("good")
+    world.job("doomed", stuck)
+    world.job("after", good)
+    failed = world.wait_phase("doomed", "Failed", timeout=30)
+    assert failed["reason"] == "ModelLoadTimeout" and "not Ready within 3s" in failed["message"]
+    assert world.wait_phase("after", "Running", timeout=30)["lane"] == lane
+    assert any(e.reason == "ModelLoadTimeout" and e.type == "Warning" for e in world.events("doomed"))
+
+
+def test_a_job_past_its_deadline_fails_and_frees_the_lane(world: World, operator: OperatorProcess) -> None:
+    world.lane()
+    sdxl = world.model("sdxl")
+    world.job("slow", sdxl, maxRunSeconds=2)
+    world.job("next", sdxl)
+    world.wait_phase("slow", "Running")
+    failed = world.wait_phase("slow", "Failed", timeout=20)
+    assert failed["reason"] == "DeadlineExceeded"
+    world.wait_phase("next", "Running")
+    # The executor's late report does not overwrite the outcome: its test on phase Running fails.
+    late = world.cluster.kubectl(
+        "patch",
+        "gpujob",
+        "slow",
+        "-n",
+        world.namespace,
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        '[{"op":"test","path":"/status/phase","value":"Running"},{"op":"replace","path":"/status/phase","value":"Succeeded"}]',
+        check=False,
+    )
+    assert late.returncode != 0 and world.status("slow")["phase"] == "Failed"
+
+
+def test_a_deleted_backend_pod_fails_its_running_job_and_the_lane_reloads(
+    world: World, operator: OperatorProcess
+) -> None:
+    lane = world.lane()
+    sdxl = world.model("sdxl")
+    world.job("victim", sdxl)
+    world.wait_phase("victim", "Running")
+    [pod] = world.backend_pods(lane)
+    world.core.delete_namespaced_pod(pod.metadata.name, "gpulane-system", grace_period_seconds=0)
+    lost = world.wait_phase("victim", "Failed", timeout=30)
+    assert lost["reason"] == "BackendLost"
+    world.job("survivor", sdxl)
+    assert world.wait_phase("survivor", "Running", timeout=30)["pod"] == pod.metadata.name
+
+
+def test_operator_killed_and_restarted_loses_nothing_and_keeps_the_order(
+    world: World, operator: OperatorProcess
+) -> None:
+    world.lane()
+    sdxl, flux = world.model("sdxl"), world.model("flux")
+    shots = [world.job_doc(f"shot-{i}", sdxl, priority="batch", member="film") for i in range(4)]
+    world.apply(*shots)
+    world.wait_phase("shot-0", "Running")
+    for doc in shots[1:]:
+        world.wait_phase(doc["metadata"]["name"], "Pending")
+    operator.kill()
+    # While the operator is down: an image arrives and the running shot completes.
+    world.job("image", flux, priority="interactive", member="someone")
+    world.complete("shot-0")
+    time.sleep(1)
+    operator.start()
+    order = world.run_through({"image", "shot-1", "shot-2", "shot-3"})
+    assert order[0] == "image", order
+    assert order[1:] == ["shot-1", "shot-2", "shot-3"]
+    for name in ["shot-0", *order]:
+        assert world.status(name)["phase"] == "Succeeded"
+        dispatches = [e for e in world.events(name) if e.reason == "Dispatched"]
+        assert len(dispatches) == 1, f"{name} was dispatched {len(dispatches)} times"
+
+
+def test_operator_restart_adopts_the_running_job(world: World, operator: OperatorProcess) -> None:
+    lane = world.lane()
+    sdxl = world.model("sdxl")
+    world.job("long", sdxl)
+    running = world.wait_phase("long", "Running")
+    world.job("waiting", sdxl)
+    world.wait_phase("waiting", "Pending")
+    operator.kill()
+    operator.start()
+    time.sleep(2)
+    assert world.status("waiting")["phase"] == "Pending", "the adopted job still holds the lane"
+    assert world.status("long")["pod"] == running["pod"]
+    [pod] = world.backend_pods(lane)
+    world.complete("long")
+    assert world.wait_phase("waiting", "Running")["pod"] == pod.metadata.name
+    assert world.backend_pods(lane)[0].metadata.uid == pod.metadata.uid
+
+
+def test_metrics_and_health(world: World, operator: OperatorProcess) -> None:
+    world.lane()
+    sdxl = world.model("sdxl")
+    world.job("one", sdxl, priority="interactive")
+    world.wait_phase("one", "Running")
+    assert operator.get("/healthz")[0] == 200 and operator.get("/readyz")[0] == 200
+    samples = wait_until(
+        lambda: (m := operator.metrics()).get('gpulane_dispatches_total{band="100"}') and m,
+        what="a dispatch counted in /metrics",
+    )
+    assert samples['gpulane_dispatches_total{band="100"}'] >= 1
+    assert samples['gpulane_api_writes_total{kind="job-status"}'] >= 1
+    assert any(k.startswith("gpulane_wait_seconds_bucket{band=") for k in samples)
