@@ -498,11 +498,16 @@ class Controller:
 
     # -- backend pods ---------------------------------------------------------------------------
 
+    def pod_gone(self, state: PodState) -> None:
+        """A pod found missing without a watch event (its deletion fell between listing and watching)."""
+        self._pod_changed(state, gone=True)
+
     def pod_event(self, kind: str | None, body: Body) -> None:
         state = pod_state(body)
-        if state is None:
-            return
-        gone = kind == "DELETED"
+        if state is not None:
+            self._pod_changed(state, gone=kind == "DELETED")
+
+    def _pod_changed(self, state: PodState, gone: bool) -> None:
         current = self.pods.get(state.lane)
         if gone:
             if current is not None and current.uid == state.uid:

@@ -97,6 +97,11 @@ class Kube:
         )
         return body
 
+    async def get_pod(self, name: str) -> Body:
+        pod = await self._call(self.core.read_namespaced_pod, name, self.namespace)
+        body: Body = self.api.sanitize_for_serialization(pod)
+        return body
+
     async def list_pods(self, selector: str) -> list[Body]:
         result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(p) for p in result.items]

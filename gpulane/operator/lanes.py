@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+DELETE_RECHECK_SECONDS = 3.0
+
 
 class LaneRunner:
     def __init__(self, ctl: Controller, name: str, uid: str, spec: GpuLaneSpec) -> None:
@@ -34,6 +36,7 @@ class LaneRunner:
         self.running: set[str] = set()
         self.load_started: float | None = None
         self.deleting: str | None = None  # uid of the pod we asked to delete
+        self.delete_requested = 0.0
         self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -120,11 +123,19 @@ class LaneRunner:
     async def _remove(self, pod: PodState) -> None:
         """Delete a pod that serves the wrong model or is dead, once; its deletion event wakes us."""
         if self.deleting == pod.uid:
+            # A deletion that completed between the start-up listing and the watch has no event:
+            # look again now and then.
+            if self.ctl.clock() - self.delete_requested > DELETE_RECHECK_SECONDS:
+                self.delete_requested = self.ctl.clock()
+                try:
+                    await self.ctl.kube.get_pod(pod.name)
+                except Gone:
+                    self.ctl.pod_gone(pod)
             return
         running_on_it = [k for k in self.running if (v := self.ctl.jobs.get(k)) and v.model == pod.model]
         if running_on_it and not pod.failed:
             return  # never interrupt running work: the core drains a lane before it swaps
-        self.deleting = pod.uid
+        self.deleting, self.delete_requested = pod.uid, self.ctl.clock()
         log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, "dead" if pod.failed else "swap")
         # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
         with contextlib.suppress(Gone, Conflict):

@@ -210,7 +210,7 @@ class World:
 
     def lane(self, stem: str = "lane", node: str | None = None) -> str:
         name = self.name(stem)
-        node = node or self.node()
+        node = node or self.node(f"{stem}-gpu")
         self.apply(
             {
                 "apiVersion": API,

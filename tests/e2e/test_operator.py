@@ -63,7 +63,9 @@ def test_reuse_keeps_the_pod_and_a_swap_never_overlaps_two_pods(world: World, op
         second = world.wait_phase("a2", "Running")
         assert world.backend_pods(lane)[0].metadata.uid == uid, "the warm pod is reused, not restarted"
         assert second["pod"] == first["pod"] and second["endpoint"] == first["endpoint"]
-        assert world.status("b1")["phase"] == "Pending", "the swap waits for the lane to drain"
+        world.wait_phase("b1", "Pending")  # the swap waits for the lane to drain
+        time.sleep(1)
+        assert world.status("b1")["phase"] == "Pending"
         world.complete("a2")
         world.wait_phase("b1", "Dispatching")
         world.wait_phase("b1", "Running")
