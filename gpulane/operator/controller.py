@@ -92,6 +92,7 @@ class JobView:
     conditions: list[dict[str, Any]] = field(default_factory=list)
     woke_at: float | None = None  # when the event that let it dispatch arrived (latency metric)
     ending: bool = False  # a terminal write is in flight
+    announced: bool = False  # the Dispatched Event was posted
     written: tuple[Any, ...] | None = None  # the last queue status written (StatusWriter)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -194,7 +195,6 @@ class Controller:
             self.metrics.order_changes.labels(term).inc()
         if decision.replaces is not None:
             self.metrics.swaps.inc()
-        self.spawn(self.kube.event(view.ref(), "Dispatched", describe_dispatch(decision), now=decision.at))
         lane = self.lanes[decision.lane]
         lane.assigned.add(view.key)
         lane.kick()
@@ -228,6 +228,7 @@ class Controller:
             view.finalizers = finalizers
         if phase in TERMINAL_PHASES:
             if view is not None and view.state in ACTIVE and not view.ending:
+                log.debug("%s reported %s by its executor", key, phase)
                 self._executor_finished(view, status)
             if FINALIZER in finalizers:
                 self.spawn(self._drop_finalizer(meta["namespace"], meta["name"], finalizers))
@@ -382,7 +383,7 @@ class Controller:
             if FINALIZER in current:
                 await self._drop_finalizer(namespace, name, current)
 
-    async def _add_finalizer(self, view: JobView) -> None:
+    async def add_finalizer(self, view: JobView) -> None:
         if FINALIZER in view.finalizers:
             return
         patch: list[Body] = [
@@ -412,6 +413,14 @@ class Controller:
             fields["conditions"] = view.conditions
         return fields
 
+    def _announce(self, view: JobView) -> None:
+        """The Dispatched Event, posted once the job's own status says so (it would delay the status)."""
+        if view.decision is not None and not view.announced:
+            view.announced = True
+            self.spawn(
+                self.kube.event(view.ref(), "Dispatched", describe_dispatch(view.decision), now=view.decision.at)
+            )
+
     async def mark_dispatching(self, key: str) -> None:
         """Show a job that waits for its model to load as Dispatching."""
         view = self.jobs.get(key)
@@ -422,7 +431,7 @@ class Controller:
                 return
             now = self.clock()
             try:
-                await self._add_finalizer(view)
+                await self.add_finalizer(view)
                 await self.kube.patch_job_status(
                     view.namespace,
                     view.name,
@@ -432,6 +441,7 @@ class Controller:
                 self.release(view, None)
                 return
             view.api_phase = "Dispatching"
+            self._announce(view)
 
     async def start_job(self, key: str, lane: str, pod: PodState) -> None:
         """The job's backend is Ready: the job is Running, with the endpoint its executor calls."""
@@ -452,12 +462,13 @@ class Controller:
                 waited=format_duration(now - view.job.submitted_at),
             )
             try:
-                await self._add_finalizer(view)
+                await self.add_finalizer(view)
                 await self.kube.patch_job_status(view.namespace, view.name, {"status": fields})
             except Gone:
                 self.release(view, None)
                 return
             view.state, view.api_phase, view.started_at = "running", "Running", now
+            self._announce(view)
             runner = self.lanes.get(lane)
             if runner is not None:
                 runner.assigned.discard(key)

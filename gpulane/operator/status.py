@@ -78,6 +78,8 @@ class StatusWriter:
                 if ctl.jobs.get(view.key) is not view or view.state != state:
                     return  # dispatched or gone since the pass began
                 try:
+                    if status.get("positionExact"):  # likely dispatched soon: take the finalizer off that path
+                        await ctl.add_finalizer(view)
                     await ctl.kube.patch_job_status(view.namespace, view.name, {"status": status})
                 except Gone:
                     return

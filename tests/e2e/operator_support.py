@@ -8,7 +8,6 @@ and observed through the API, never through the operator's internals.
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import socket
 import subprocess
@@ -270,16 +269,8 @@ class World:
             {"op": "replace", "path": "/status/phase", "value": phase},
             {"op": "add", "path": "/status/finishedAt", "value": now},
         ]
-        self.cluster.kubectl(
-            "patch",
-            "gpujob",
-            name,
-            "-n",
-            self.namespace,
-            "--subresource=status",
-            "--type=json",
-            "-p",
-            json.dumps(patch),
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, self.namespace, "gpujobs", name, patch, _content_type="application/json-patch+json"
         )
 
     def run_through(self, names: set[str], timeout: float = 90) -> list[str]:

@@ -1,0 +1,241 @@
+"""The operator on the local control plane: warm dispatch latency, and 5,000 jobs created at once.
+
+    .venv/bin/python bench/operator.py latency [--jobs 200]
+    .venv/bin/python bench/operator.py scale [--jobs 5000]
+
+Both start the local control plane if none runs (hack/gpulane_cluster.py), apply crds/, and run
+``gpulane operator`` as its own process, exactly as the end-to-end tests do.
+
+latency: one lane with a warm pod and a queue of jobs for its model. The bench acts as the executor:
+it writes a Running job's completion and times, through a watch, the next job turning Running. The
+apiserver's share is measured side by side: the same write-then-watch round trip on an object nobody
+reacts to (a no-op status patch of a finished job). A dispatch needs two such trips (the completion
+reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
+operator's own part.
+
+scale: a busy lane, then N jobs created from 16 threads. It reports the time until every job shows a
+queue position, the creation time alone (the apiserver), the operator's API writes (its own counter)
+and its peak memory (VmHWM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.operator_support import GROUP, VERSION, OperatorProcess, World  # noqa: E402
+from tests.e2e.support import Cluster, localcluster, wait_until  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class PhaseWatch:
+    """Timestamps (monotonic) of each job's phases as a watch delivers them."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.events: queue.Queue[tuple[float, str, str | None, dict[str, Any]]] = queue.Queue()
+        self._stop = threading.Event()
+        rv = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs")["metadata"]
+        self._rv = rv["resourceVersion"]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    "gpujobs",
+                    resource_version=self._rv,
+                    timeout_seconds=30,
+                ):
+                    obj = event["object"]
+                    self._rv = obj["metadata"]["resourceVersion"]
+                    phase = (obj.get("status") or {}).get("phase")
+                    self.events.put((time.monotonic(), obj["metadata"]["name"], phase, obj))
+            except Exception:
+                time.sleep(0.1)
+
+    def until(self, test: Any, timeout: float = 30.0) -> tuple[float, str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            at, name, phase, obj = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            if test(name, phase, obj):
+                return at, name, obj
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _setup(args: argparse.Namespace) -> tuple[Cluster, client.ApiClient, World, OperatorProcess, str]:
+    info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
+    cluster = Cluster(info, info.started)
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    cluster.kubectl("create", "namespace", "gpulane-system", check=False)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    namespace = f"bench-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    log_dir = Path(tempfile.mkdtemp(prefix="gpulane-bench-"))
+    operator = OperatorProcess(cluster, log_dir, *args.operator_args).start()
+    world = World(cluster, api, namespace)
+    print(f"operator log: {operator.log_path}", file=sys.stderr)
+    return cluster, api, world, operator, namespace
+
+
+def _teardown(api: client.ApiClient, world: World, operator: OperatorProcess, namespace: str) -> None:
+    world.cleanup()
+    operator.stop()
+    client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    _, api, world, operator, namespace = _setup(args)
+    try:
+        world.lane()
+        model = world.model("warm", ready_delay="0s")
+        watcher = PhaseWatch(api, namespace)
+        names = [f"j{i:04d}" for i in range(args.jobs + 1)]
+        world.apply(*(world.job_doc(n, model, member=f"m{i % 7}") for i, n in enumerate(names)))
+        wait_until(
+            lambda: sum(1 for j in _jobs(world) if (j.get("status") or {}).get("phase")) == len(names),
+            timeout=120,
+            what="every job queued",
+        )
+        before = operator.metrics()
+        totals: list[float] = []
+        trips: list[float] = []
+        done: list[str] = []
+        for _ in range(args.jobs):
+            running = next(j["metadata"]["name"] for j in _jobs(world) if j["status"].get("phase") == "Running")
+            t0 = time.monotonic()
+            world.complete(running)
+            at, _name, _obj = watcher.until(lambda n, p, o, r=running: p == "Running" and n != r and n not in done)
+            totals.append(at - t0)
+            done.append(running)
+            # The apiserver alone: the same write-then-watch trip on a finished job.
+            t1 = time.monotonic()
+            patch = {"status": {"message": f"bench {t1}"}}
+            world.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "gpujobs", running, patch)
+            at2, _n, _o = watcher.until(
+                lambda n, p, o, r=running, m=patch["status"]["message"]: (
+                    n == r and (o.get("status") or {}).get("message") == m
+                )
+            )
+            trips.append(at2 - t1)
+        after = operator.metrics()
+        watcher.stop()
+        internal_n = after["gpulane_dispatch_latency_seconds_count"] - before["gpulane_dispatch_latency_seconds_count"]
+        internal_s = after["gpulane_dispatch_latency_seconds_sum"] - before["gpulane_dispatch_latency_seconds_sum"]
+        return {
+            "dispatches": len(totals),
+            "total_p50_ms": round(statistics.median(totals) * 1000, 1),
+            "total_p99_ms": round(percentile(totals, 0.99) * 1000, 1),
+            "apiserver_round_trip_p50_ms": round(statistics.median(trips) * 1000, 1),
+            "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
+            "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
+        }
+    finally:
+        _teardown(api, world, operator, namespace)
+
+
+def _jobs(world: World) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = world.custom.list_namespaced_custom_object(
+        GROUP, VERSION, world.namespace, "gpujobs"
+    )["items"]
+    return items
+
+
+def scale(args: argparse.Namespace) -> dict[str, Any]:
+    _, api, world, operator, namespace = _setup(args)
+    try:
+        world.lane()
+        model = world.model("busy", ready_delay="0s")
+        world.job("blocker", model)
+        world.wait_phase("blocker", "Running")
+        watcher = PhaseWatch(api, namespace)
+        before = operator.metrics()
+        bands = ["interactive", "normal", "batch"]
+        docs = [world.job_doc(f"s{i:05d}", model, priority=bands[i % 3], member=f"m{i % 50}") for i in range(args.jobs)]
+        custom = client.CustomObjectsApi(api)
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(
+                pool.map(
+                    lambda d: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", d), docs
+                )
+            )
+        created = time.monotonic() - t0
+        positioned: set[str] = set()
+        last = t0
+        while len(positioned) < args.jobs:
+            at, name, obj = watcher.until(lambda n, p, o: True, timeout=600)
+            if name != "blocker" and (obj.get("status") or {}).get("position") and name not in positioned:
+                positioned.add(name)
+                last = at
+        elapsed = last - t0
+        after = operator.metrics()
+        watcher.stop()
+        writes = {
+            k.split('"')[1]: after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{")
+        }
+        return {
+            "jobs": args.jobs,
+            "create_seconds_apiserver": round(created, 1),
+            "all_positioned_seconds": round(elapsed, 1),
+            "jobs_per_second": round(args.jobs / elapsed, 1),
+            "operator_writes": {k: int(v) for k, v in sorted(writes.items()) if v},
+            "operator_peak_rss_mib": round(_peak_rss(operator) / 1024, 1),
+        }
+    finally:
+        _teardown(api, world, operator, namespace)
+
+
+def _peak_rss(operator: OperatorProcess) -> int:
+    assert operator.proc is not None
+    for line in Path(f"/proc/{operator.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--jobs", type=int, default=200)
+    sc = sub.add_parser("scale")
+    sc.add_argument("--jobs", type=int, default=5000)
+    for p in (lat, sc):
+        p.add_argument("--operator-args", nargs="*", default=[], help="extra arguments for gpulane operator")
+    args = parser.parse_args()
+    result = latency(args) if args.what == "latency" else scale(args)
+    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
