@@ -14,6 +14,7 @@ help:
 	@echo "make install   - create .venv and install gpulane with its dev extras"
 	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make bench-operator - dispatch latency and 5,000 jobs on the local control plane"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's binaries once (see docs/development.md)"
 	@echo "make cluster-up / cluster-status / cluster-down - the local control plane with GPU node gpu-0"
@@ -49,6 +50,10 @@ demo: install
 bench: install
 	$(BIN)/python bench/dispatch.py
 	$(BIN)/python bench/simulator.py
+
+bench-operator: install tools
+	$(BIN)/python bench/operator.py latency
+	$(BIN)/python bench/operator.py scale
 
 SCENARIOS := $(wildcard scenarios/*.yaml)
 plots: install

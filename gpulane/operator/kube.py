@@ -25,6 +25,9 @@ Body = dict[str, Any]
 Patch = Body | list[Body]
 
 
+STATUS_WRITE_KINDS = {"gpulanes": "lane-status", "gpumodels": "model-status", "gpupolicies": "policy-status"}
+
+
 class Gone(Exception):
     """The object does not exist (any more)."""
 
@@ -136,7 +139,7 @@ class Kube:
 
     async def patch_cluster_status(self, plural: str, name: str, patch: Patch) -> Body:
         body: Body = await self._write(
-            f"{plural[:-1]}-status",
+            STATUS_WRITE_KINDS[plural],
             self.custom.patch_cluster_custom_object_status,
             GROUP,
             VERSION,

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -52,12 +53,15 @@ class StatusWriter:
         self._models.add(model)
 
     async def run(self) -> None:
+        interval = self.ctl.settings.status_interval
         while True:
-            await asyncio.sleep(self.ctl.settings.status_interval)
+            started = time.monotonic()
             try:
                 await self.flush()
             except Exception:
                 log.exception("status pass failed; retrying")
+            # Passes start at most once per interval, so a pass's budget is also a rate.
+            await asyncio.sleep(max(0.05, interval - (time.monotonic() - started)))
 
     async def flush(self) -> None:
         ctl = self.ctl
