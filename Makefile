@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint crds demo bench plots clean
+.PHONY: install test unit lint crds demo bench bench-operator plots clean
 .DEFAULT_GOAL := help
 
 help:
