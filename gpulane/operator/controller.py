@@ -40,7 +40,7 @@ from gpulane.operator.kube import Conflict, Gone, Kube
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.pods import BACKEND_SELECTOR, PodState, pod_state
-from gpulane.operator.status import StatusWriter
+from gpulane.operator.status import FINALIZER, StatusWriter
 from gpulane.operator.translate import (
     Body,
     Refusal,
@@ -53,13 +53,13 @@ from gpulane.operator.translate import (
     merge_condition,
     model_spec,
     parse_time,
+    policy_refusal,
     score_fields,
     validation_message,
 )
 
 log = logging.getLogger(__name__)
 
-FINALIZER = "gpulane.io/lane-accounting"
 ACTIVE = ("assigned", "running")
 
 
@@ -227,8 +227,8 @@ class Controller:
         if view is not None:
             view.finalizers = finalizers
         if phase in TERMINAL_PHASES:
-            if view is not None and view.state in ACTIVE and not view.ending:
-                log.debug("%s reported %s by its executor", key, phase)
+            if view is not None and view.state in ACTIVE:
+                log.debug("%s reported %s", key, phase)
                 self._executor_finished(view, status)
             if FINALIZER in finalizers:
                 self.spawn(self._drop_finalizer(meta["namespace"], meta["name"], finalizers))
@@ -300,10 +300,10 @@ class Controller:
 
     def _adopt(self, body: Body) -> None:
         """A job found Dispatching or Running (after a restart): it holds its lane's capacity again."""
-        result = job_from_body(body, self.dispatcher.policy)
+        result = job_from_body(body, None)  # no policy check: it runs already, whatever the policy now says
         status = body.get("status") or {}
-        if isinstance(result, Refusal):  # the policy changed while the operator was away; let it run
-            log.warning("adopting %s although the current policy refuses it: %s", job_key(body), result.message)
+        if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
+            log.error("cannot adopt %s: %s", job_key(body), result.message)
             return
         lane = status.get("lane")
         view = self._view(body, result)
@@ -358,9 +358,9 @@ class Controller:
             lane.assigned.discard(view.key)
             lane.running.discard(view.key)
             self.metrics.lane_busy.labels(lane.name).set(len(lane.running))
-        if run_seconds is not None:
-            self._learn(view.model, "run", run_seconds)
         self.apply(JobFinished(view.key, run_seconds), woke_at=time.monotonic())
+        if run_seconds is not None:
+            self._learn(view.model, "run")
         if lane is not None:
             lane.kick()
 
@@ -496,8 +496,14 @@ class Controller:
             try:
                 await self.kube.patch_job_status(view.namespace, view.name, patch)
             except Conflict:
+                # The executor's outcome won. Its event may already have been handled, or be late:
+                # read it now rather than retrying a write that cannot succeed.
+                with contextlib.suppress(Gone):
+                    fresh = (await self.kube.get_job(view.namespace, view.name)).get("status") or {}
+                    if fresh.get("phase") in TERMINAL_PHASES:
+                        self._executor_finished(view, fresh)
                 view.ending = False
-                return  # the executor's outcome arrives as its own event
+                return
             except Gone:
                 pass
             if phase == "Failed":
@@ -550,14 +556,14 @@ class Controller:
         self.status.lane_dirty(runner.name)
 
     def model_loaded(self, lane: str, model: str, seconds: float | None) -> None:
+        self.apply(ModelLoaded(lane, model, seconds))
         if seconds is not None:
             self.metrics.model_load.observe(seconds)
-            self._learn(model, "load", seconds)
-        self.apply(ModelLoaded(lane, model, seconds))
+            self._learn(model, "load")
         self.status.lane_dirty(lane)
 
-    def _learn(self, model: str, what: str, seconds: float) -> None:
-        """Keep the model's status in step with what the core learned."""
+    def _learn(self, model: str, what: str) -> None:
+        """Keep the model's status in step with what the core has just learned."""
         if model not in self.models:
             return
         spec = self.dispatcher.models.get(model)
@@ -617,6 +623,10 @@ class Controller:
         self.apply(ModelUpdated(model_spec(name, spec, self.learned[name], fallback)))
         waiting = self.parked.pop(name, set())
         for view in sorted((self.jobs[k] for k in waiting), key=lambda v: (v.job.submitted_at, v.key)):
+            refusal = policy_refusal(self.dispatcher.policy, view.job.priority, view.job.tier)
+            if refusal is not None:  # the policy changed while it waited for its model
+                self._reject(view, refusal.message)
+                continue
             view.state, view.written = "pending", None
             self.apply(JobSubmitted(view.job))
         for lane in self.lanes.values():
@@ -661,11 +671,23 @@ class Controller:
 
     def _use_policy(self, policy: Policy) -> None:
         for job, reason in self.dispatcher.replace_policy(policy):
-            view = self.jobs.pop(job.id, None)
+            view = self.jobs.get(job.id)
             if view is not None:
-                body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
-                self.spawn(self._refuse(body, Refusal("PolicyRejected", reason)))
+                self._reject(view, reason)
+        for keys in self.parked.values():
+            for key in list(keys):
+                view = self.jobs[key]
+                refusal = policy_refusal(policy, view.job.priority, view.job.tier)
+                if refusal is not None:
+                    keys.discard(key)
+                    self._reject(view, refusal.message)
         self._act(self.dispatcher.decide())
+
+    def _reject(self, view: JobView, reason: str) -> None:
+        """A waiting job the current policy cannot rank: it fails with PolicyRejected."""
+        self.jobs.pop(view.key, None)
+        body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
+        self.spawn(self._refuse(body, Refusal("PolicyRejected", reason)))
 
     async def _write_cluster_status(self, plural: str, name: str, status: Body) -> None:
         with contextlib.suppress(Gone):

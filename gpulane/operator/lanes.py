@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from gpulane.api.resources import GpuLaneSpec
 from gpulane.operator.kube import Conflict, Gone
 from gpulane.operator.pods import PodState, backend_pod, pod_state
-from gpulane.operator.translate import parse_time
 
 if TYPE_CHECKING:
     from gpulane.operator.controller import Controller
@@ -73,8 +72,8 @@ class LaneRunner:
         want = core.resident if core is not None else None
         pod = self.pod
         now = ctl.clock()
-        if pod is not None and (pod.failed or pod.model != want):
-            await self._remove(pod)
+        if pod is not None and (pod.failed or pod.model != want or pod.uid == self.deleting):
+            await self._remove(pod)  # a pod on its way out never serves again, even the same model
             return
         if want is None:
             return
@@ -110,8 +109,10 @@ class LaneRunner:
                 ctl.model_loaded(self.name, want, seconds)
             await asyncio.gather(*(ctl.start_job(key, self.name, pod) for key in list(self.assigned)))
             return
+        if not self.assigned:
+            return  # not Ready, but nobody waits for it (a readiness blip of a loaded model)
         if self.load_started is None:
-            self.load_started = parse_time(pod.created_at) or now
+            self.load_started = now  # found loading (after a restart) or unready: the wait starts now
         timeout = model.load_timeout_seconds if model is not None else 600
         if now - self.load_started > timeout:
             self.load_started = None
@@ -136,6 +137,7 @@ class LaneRunner:
         if running_on_it and not pod.failed:
             return  # never interrupt running work: the core drains a lane before it swaps
         self.deleting, self.delete_requested = pod.uid, self.ctl.clock()
+        self.load_started = None
         log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, "dead" if pod.failed else "swap")
         # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
         with contextlib.suppress(Gone, Conflict):

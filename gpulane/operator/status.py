@@ -27,6 +27,8 @@ from gpulane.operator.translate import band_label, condition, format_time, merge
 if TYPE_CHECKING:
     from gpulane.operator.controller import Controller, JobView
 
+FINALIZER = "gpulane.io/lane-accounting"
+
 log = logging.getLogger(__name__)
 
 # Even with nothing new, estimates and scores drift as time passes: refresh them this often.
@@ -72,9 +74,14 @@ class StatusWriter:
             self.dirty = False
             self._last_pass = now
             writes = self._queue_writes(now)
-            if len(writes) > budget:
-                self.dirty = True  # the rest next pass, recomputed
-                writes = writes[:budget]
+            cost = 0
+            for i, (view, _, status, _) in enumerate(writes):
+                # A job near the head also gets its finalizer: a second write.
+                cost += 2 if status.get("positionExact") and FINALIZER not in view.finalizers else 1
+                if cost > budget:
+                    self.dirty = True  # the rest next pass, recomputed
+                    writes = writes[:i]
+                    break
         sem = asyncio.Semaphore(CONCURRENT_WRITES)
 
         async def job(view: JobView, state: str, status: dict[str, Any], written: tuple[Any, ...]) -> None:
@@ -123,12 +130,12 @@ class StatusWriter:
             desired = (position, exact, start, round(score.total))
             if not self._changed(view.written, desired):
                 continue
-            if not any(c.get("type") == "Admitted" for c in view.conditions):
-                view.conditions = merge_condition(
-                    view.conditions, condition("Admitted", True, "Queued", "waiting for a lane", now)
-                )
+            queued = condition("Admitted", True, "Queued", "waiting for a lane", now)
+            view.conditions = merge_condition(view.conditions, queued)
             status: dict[str, Any] = {
                 "phase": "Pending",
+                "reason": None,  # clears ModelNotFound once the model exists
+                "message": None,
                 "position": position,
                 "positionExact": exact,
                 "estimatedStart": None if start is None else format_time(start),

@@ -66,23 +66,25 @@ class Refusal:
     message: str
 
 
-def job_from_body(body: Body, policy: Policy) -> Job | Refusal:
-    """The core job for a GpuJob, or why it cannot be queued under ``policy``."""
+def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
+    """The core job for a GpuJob, or why it cannot be queued under ``policy``.
+
+    Without a policy only the spec itself is checked: a job adopted after a restart keeps running
+    even if the policy changed meanwhile.
+    """
     meta = body["metadata"]
     try:
         spec = GpuJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as err:
         return Refusal("InvalidSpec", validation_message(err))
     try:
-        priority = policy.check_priority(resolve_priority(spec.priority))
-    except PolicyError as err:
-        return Refusal("PriorityOutOfBounds", str(err))
+        priority = resolve_priority(spec.priority)
     except ValueError as err:
         return Refusal("InvalidPriority", str(err))
-    try:
-        policy.bonus_for_tier(spec.tier)
-    except PolicyError as err:
-        return Refusal("UnknownTier", str(err))
+    if policy is not None:
+        refusal = policy_refusal(policy, priority, spec.tier)
+        if refusal is not None:
+            return refusal
     submitted = parse_time(meta.get("creationTimestamp"))
     return Job(
         id=job_key(body),
@@ -93,6 +95,19 @@ def job_from_body(body: Body, policy: Policy) -> Job | Refusal:
         submitted_at=submitted if submitted is not None else 0.0,
         expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
     )
+
+
+def policy_refusal(policy: Policy, priority: int, tier: str) -> Refusal | None:
+    """Why ``policy`` cannot rank a job of this priority and tier, if it cannot."""
+    try:
+        policy.check_priority(priority)
+    except PolicyError as err:
+        return Refusal("PriorityOutOfBounds", str(err))
+    try:
+        policy.bonus_for_tier(tier)
+    except PolicyError as err:
+        return Refusal("UnknownTier", str(err))
+    return None
 
 
 def model_spec(name: str, spec: GpuModelSpec, status: Body | None, fallback: ModelSpec) -> ModelSpec:

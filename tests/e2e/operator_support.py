@@ -327,8 +327,8 @@ class World:
 
 
 @contextlib.contextmanager
-def pod_watch(core: client.CoreV1Api) -> Iterator[list[tuple[str, str, str]]]:
-    """Records (event type, pod name, uid) of every backend pod in the operator's namespace."""
+def pod_watch(core: client.CoreV1Api, lane: str) -> Iterator[list[tuple[str, str, str]]]:
+    """Records (event type, pod name, uid) of every backend pod of ``lane`` in the operator's namespace."""
     seen: list[tuple[str, str, str]] = []
     stop = threading.Event()
     rv = core.list_namespaced_pod(OPERATOR_NAMESPACE).metadata.resource_version
@@ -342,7 +342,8 @@ def pod_watch(core: client.CoreV1Api) -> Iterator[list[tuple[str, str, str]]]:
                 ):
                     pod = event["object"]
                     rv = pod.metadata.resource_version
-                    seen.append((event["type"], pod.metadata.name, pod.metadata.uid))
+                    if (pod.metadata.annotations or {}).get("gpulane.io/lane") == lane:
+                        seen.append((event["type"], pod.metadata.name, pod.metadata.uid))
             except Exception:
                 time.sleep(0.2)
 

@@ -53,7 +53,7 @@ def test_dispatch_order_follows_the_scores(world: World, operator: OperatorProce
 def test_reuse_keeps_the_pod_and_a_swap_never_overlaps_two_pods(world: World, operator: OperatorProcess) -> None:
     lane = world.lane()
     sdxl, flux = world.model("sdxl", ready_delay="2s"), world.model("flux", ready_delay="2s")
-    with pod_watch(world.core) as seen:
+    with pod_watch(world.core, lane) as seen:
         world.job("a1", sdxl)
         first = world.wait_phase("a1", "Running")
         uid = world.backend_pods(lane)[0].metadata.uid
@@ -223,3 +223,33 @@ def test_metrics_and_health(world: World, operator: OperatorProcess) -> None:
     assert samples['gpulane_dispatches_total{band="100"}'] >= 1
     assert samples['gpulane_api_writes_total{kind="job-status"}'] >= 1
     assert any(k.startswith("gpulane_wait_seconds_bucket{band=") for k in samples)
+
+
+def test_a_model_serving_two_jobs_at_once_runs_two_on_one_pod(world: World, operator: OperatorProcess) -> None:
+    lane = world.lane()
+    llm = world.model("llm", maxConcurrency=1)
+    world.job("first", llm)
+    world.wait_phase("first", "Running")
+    # A live edit: the model now declares two parallel slots.
+    world.apply(
+        {
+            "apiVersion": "gpulane.io/v1alpha1",
+            "kind": "GpuModel",
+            "metadata": {"name": llm},
+            "spec": {
+                "image": "example.invalid/llm:1",
+                "maxConcurrency": 2,
+                "podAnnotations": {"gpulane.dev/kwok-ready-delay": "1s"},
+            },
+        }
+    )
+    world.job("second", llm)
+    world.job("third", llm)
+    second = world.wait_phase("second", "Running")
+    assert second["pod"] == world.status("first")["pod"]
+    world.wait_phase("third", "Pending")
+    time.sleep(1)
+    assert world.status("third")["phase"] == "Pending", "never more running jobs than the model allows"
+    world.complete("first")
+    assert world.wait_phase("third", "Running")["lane"] == lane
+    assert len(world.backend_pods(lane)) == 1

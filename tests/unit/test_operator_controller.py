@@ -1,0 +1,1000 @@
+"""Unit tests of gpulane/operator/controller.py (with lanes.py and status.py) against an in-memory Kube.
+
+``FakeKube`` stands in for the only class that talks to the API: it stores objects, applies merge
+patches and JSON patches (a failed ``test`` op raises ``Conflict``), raises ``Gone`` for missing
+objects and records every call. Watch events are not delivered by the fake: each test feeds them to
+the controller itself, from the stored objects, in the order it wants to examine.
+
+Progress is driven by hand and is deterministic: the lane runners' loops are never started (the
+``no_lane_loops`` fixture), ``World.reconcile`` runs one pass of a lane, ``World.settle`` runs every
+task the controller spawned to completion, and ``ctl.status.flush()`` is one pass of the status writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections import Counter
+from typing import Any, NamedTuple
+
+import pytest
+
+from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
+from gpulane.core.policy import Policy
+from gpulane.operator.controller import FINALIZER, Controller, Settings
+from gpulane.operator.kube import STATUS_WRITE_KINDS, Conflict, Gone
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.pods import backend_pod
+from gpulane.operator.translate import format_time
+
+Body = dict[str, Any]
+
+T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z
+NS = "team-a"  # where the jobs live
+SYSTEM = "gpulane-system"  # where the backend pods live
+_MISSING = object()
+
+
+# -- the fake API -------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Call(NamedTuple):
+    verb: str  # the Kube method
+    target: str  # "gpujobs/team-a/j1", "gpulanes/gpu-0", "pods/gpulane-system/gpulane-gpu-0"
+    body: Any = None  # the patch, manifest or event (a deep copy)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: maps merge, ``None`` removes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def json_patch(doc: Body, ops: list[Body]) -> Body:
+    """RFC 6902 (add, replace, remove, test), applied atomically to a copy."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node: Any = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.get(part, _MISSING)
+            if node is _MISSING:
+                if op["op"] == "test":
+                    raise Conflict(f"test failed: {op['path']} does not exist")
+                raise ValueError(f"422: {op['path']}: parent does not exist")
+        if op["op"] == "test":
+            actual = node.get(last, _MISSING) if isinstance(node, dict) else node[int(last)]
+            if actual != op["value"]:
+                raise Conflict(f"test failed: {op['path']} is {actual!r}, not {op['value']!r}")
+        elif op["op"] in ("add", "replace"):
+            value = copy.deepcopy(op["value"])
+            if isinstance(node, list):
+                if last == "-":
+                    node.append(value)
+                elif op["op"] == "add":
+                    node.insert(int(last), value)
+                else:
+                    node[int(last)] = value
+            else:
+                if op["op"] == "replace" and last not in node:
+                    raise ValueError(f"422: replace {op['path']}: no such member")
+                node[last] = value
+        elif op["op"] == "remove":
+            del node[int(last) if isinstance(node, list) else last]
+        else:
+            raise ValueError(f"unsupported op {op['op']}")
+    return doc
+
+
+class FakeKube:
+    """In-memory ``Kube``: the methods the controller, lanes and status writer call, nothing more."""
+
+    def __init__(self, clock: Clock, namespace: str = SYSTEM) -> None:
+        self.clock = clock
+        self.namespace = namespace
+        self.objects: dict[str, Body] = {}  # by target
+        self.calls: list[Call] = []
+        self.writes: Counter[str] = Counter()
+        self.on_write: Any = lambda kind: None
+        # Called (synchronously) at the start of a write, before it is applied: lets a test deliver
+        # an event "while the request is in flight".
+        self.before_write: Any = None
+        self._uids = itertools.count(1)
+
+    # -- test side: objects appear and change without the operator -------------------------------
+
+    def put(self, plural: str, body: Body) -> Body:
+        meta = body["metadata"]
+        meta.setdefault("uid", f"{plural}-uid-{next(self._uids)}")
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp", format_time(self.clock()))
+        self.objects[self._target(plural, meta.get("namespace"), meta["name"])] = copy.deepcopy(body)
+        return copy.deepcopy(body)
+
+    def get(self, target: str) -> Body:
+        return copy.deepcopy(self.objects[target])
+
+    def job(self, name: str, ns: str = NS) -> Body:
+        return self.get(f"gpujobs/{ns}/{name}")
+
+    def update(self, target: str, patch: Body) -> Body:
+        """A change made by someone else (the executor, the kubelet, a user): returns the new body."""
+        self.objects[target] = merge_patch(self.objects[target], patch)
+        return self.get(target)
+
+    def vanish(self, target: str) -> Body:
+        """The object is really gone (a pod finished terminating): returns its last body."""
+        return self.objects.pop(target)
+
+    # -- what the operator sees ------------------------------------------------------------------
+
+    def calls_of(self, verb: str, target: str | None = None) -> list[Call]:
+        return [c for c in self.calls if c.verb == verb and (target is None or c.target == target)]
+
+    def index(self, verb: str, target: str, match: Any = lambda body: True) -> int:
+        """Where the first matching call is in the call log (for asserting order)."""
+        for i, c in enumerate(self.calls):
+            if c.verb == verb and c.target == target and match(c.body):
+                return i
+        raise AssertionError(f"no {verb} on {target} matching; calls: {[c[:2] for c in self.calls]}")
+
+    # -- the Kube interface ---------------------------------------------------------------------
+
+    @staticmethod
+    def _target(plural: str, namespace: str | None, name: str) -> str:
+        return f"{plural}/{namespace}/{name}" if namespace else f"{plural}/{name}"
+
+    def _read(self, verb: str, target: str) -> Body:
+        self.calls.append(Call(verb, target))
+        if target not in self.objects:
+            raise Gone(target)
+        return self.get(target)
+
+    def _write(self, kind: str, verb: str, target: str, body: Any) -> None:
+        self.calls.append(Call(verb, target, copy.deepcopy(body)))
+        self.writes[kind] += 1
+        self.on_write(kind)
+        if self.before_write is not None:
+            self.before_write(verb, target, body)
+
+    def _patch(self, kind: str, verb: str, target: str, patch: Body | list[Body]) -> Body:
+        self._write(kind, verb, target, patch)
+        if target not in self.objects:
+            raise Gone(target)
+        current = self.objects[target]
+        new = json_patch(current, patch) if isinstance(patch, list) else merge_patch(current, patch)
+        meta = new["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            del self.objects[target]  # the last finalizer went: the deletion completes
+        else:
+            self.objects[target] = new
+        return copy.deepcopy(new)
+
+    async def list_cluster(self, plural: str) -> list[Body]:
+        self.calls.append(Call("list_cluster", plural))
+        return [self.get(t) for t in self.objects if t.startswith(f"{plural}/")]
+
+    async def list_jobs(self) -> list[Body]:
+        return await self.list_cluster("gpujobs")
+
+    async def get_cluster(self, plural: str, name: str) -> Body:
+        return self._read("get_cluster", f"{plural}/{name}")
+
+    async def get_job(self, namespace: str, name: str) -> Body:
+        return self._read("get_job", f"gpujobs/{namespace}/{name}")
+
+    async def get_pod(self, name: str) -> Body:
+        return self._read("get_pod", f"pods/{self.namespace}/{name}")
+
+    async def list_pods(self, selector: str) -> list[Body]:
+        self.calls.append(Call("list_pods", selector))
+        wanted = dict(term.split("=", 1) for term in selector.split(","))
+        return [
+            self.get(t)
+            for t, body in self.objects.items()
+            if t.startswith(f"pods/{self.namespace}/")
+            and wanted.items() <= (body["metadata"].get("labels") or {}).items()
+        ]
+
+    async def patch_job_status(self, namespace: str, name: str, patch: Body | list[Body]) -> Body:
+        return self._patch("job-status", "patch_job_status", f"gpujobs/{namespace}/{name}", patch)
+
+    async def patch_job(self, namespace: str, name: str, patch: Body | list[Body]) -> Body:
+        return self._patch("job-metadata", "patch_job", f"gpujobs/{namespace}/{name}", patch)
+
+    async def patch_cluster_status(self, plural: str, name: str, patch: Body | list[Body]) -> Body:
+        return self._patch(STATUS_WRITE_KINDS[plural], "patch_cluster_status", f"{plural}/{name}", patch)
+
+    async def create_pod(self, manifest: Body) -> Body:
+        target = f"pods/{self.namespace}/{manifest['metadata']['name']}"
+        self._write("pod-create", "create_pod", target, manifest)
+        if target in self.objects:
+            raise Conflict(f"409: {target} already exists")
+        body = copy.deepcopy(manifest)
+        body["metadata"].update(uid=f"pod-uid-{next(self._uids)}", creationTimestamp=format_time(self.clock()))
+        body["status"] = {"phase": "Pending"}
+        self.objects[target] = body
+        return copy.deepcopy(body)
+
+    async def delete_pod(self, name: str, uid: str) -> None:
+        """Graceful: the pod is marked and stays until the test calls ``vanish`` (it terminated)."""
+        target = f"pods/{self.namespace}/{name}"
+        self._write("pod-delete", "delete_pod", target, {"preconditions": {"uid": uid}})
+        if target not in self.objects:
+            raise Gone(target)
+        if self.objects[target]["metadata"]["uid"] != uid:
+            raise Conflict(f"409: precondition failed: uid {uid}")
+        self.objects[target]["metadata"]["deletionTimestamp"] = format_time(self.clock())
+
+    async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None:
+        meta = involved["metadata"]
+        target = self._target(involved.get("kind", "").lower() + "s", meta.get("namespace"), meta["name"])
+        self._write("event", "event", target, {"reason": reason, "message": message, "warning": warning})
+
+
+# -- objects --------------------------------------------------------------------------------------
+
+
+def job_body(name: str, model: str = "m", *, created: float = T0, ns: str = NS, **spec: Any) -> Body:
+    return {
+        "apiVersion": "gpulane.io/v1alpha1",
+        "kind": "GpuJob",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": format_time(created)},
+        "spec": {"model": model, **spec},
+    }
+
+
+def pod_body(lane: str, model: str, *, ip: str = "10.0.0.7", ready: bool = True, created: float = T0 - 3600) -> Body:
+    body = backend_pod(
+        lane=lane,
+        lane_uid=f"lane-uid-{lane}",
+        lane_spec=GpuLaneSpec(),
+        model=model,
+        model_spec=GpuModelSpec(image="img"),
+        namespace=SYSTEM,
+    )
+    body["metadata"]["creationTimestamp"] = format_time(created)
+    body["status"] = ready_status(ip, ready)
+    return body
+
+
+def ready_status(ip: str, ready: bool = True) -> Body:
+    state = "True" if ready else "False"
+    return {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": state}]}
+
+
+class World:
+    """A controller on a fake API, with helpers that play the API's and the watch's part."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.clock = Clock()
+        self.kube = FakeKube(self.clock)
+        self.ctl = Controller(self.kube, settings or Settings(namespace=SYSTEM), clock=self.clock)  # type: ignore[arg-type]
+
+    # objects the operator watches, each created in the fake and its ADDED event delivered
+
+    def model(self, name: str = "m", **spec: Any) -> None:
+        body = self.kube.put("gpumodels", {"metadata": {"name": name}, "spec": {"image": f"{name}:v1", **spec}})
+        self.ctl.model_event("ADDED", body)
+
+    def lane(self, name: str = "gpu-0") -> None:
+        body = self.kube.put("gpulanes", {"metadata": {"name": name, "uid": f"lane-uid-{name}"}, "spec": {}})
+        self.ctl.lane_event("ADDED", body)
+
+    def pod(self, lane: str = "gpu-0", model: str = "m", **kw: Any) -> str:
+        body = self.kube.put("pods", pod_body(lane, model, **kw))
+        self.ctl.pod_event("ADDED", body)
+        return body["metadata"]["name"]
+
+    def submit(self, name: str, model: str = "m", **kw: Any) -> str:
+        body = self.kube.put("gpujobs", job_body(name, model, **kw))
+        self.ctl.job_event("ADDED", body)
+        return f"{NS}/{name}"
+
+    def executor_finishes(self, name: str, phase: str = "Succeeded") -> Body:
+        """The executor's JSON patch landed: returns the job's new body (not yet delivered)."""
+        status = {"phase": phase, "finishedAt": format_time(self.clock())}
+        return self.kube.update(f"gpujobs/{NS}/{name}", {"status": status})
+
+    def phase(self, name: str) -> str | None:
+        return (self.kube.job(name).get("status") or {}).get("phase")
+
+    # driving progress
+
+    async def settle(self) -> None:
+        """Run every task the controller spawned, and those they spawned, to completion."""
+        for _ in range(50):
+            tasks = list(self.ctl._tasks)
+            if not tasks:
+                return
+            for result in await asyncio.gather(*tasks, return_exceptions=True):
+                if isinstance(result, Exception):
+                    raise result
+        raise AssertionError("background tasks keep spawning")
+
+    async def reconcile(self, lane: str = "gpu-0") -> None:
+        await self.settle()
+        await self.ctl.lanes[lane].reconcile()
+        await self.settle()
+
+    async def warm(self, *jobs: str, **job_spec: Any) -> None:
+        """Lane gpu-0 with model m resident in a Ready pod, and ``jobs`` dispatched and Running on it."""
+        self.model("m")
+        self.pod()
+        self.lane()
+        for name in jobs:
+            self.submit(name, **job_spec)
+        await self.reconcile()
+        for name in jobs:
+            assert self.phase(name) == "Running"
+
+
+def statuses(kube: FakeKube, since: int = 0) -> list[tuple[str, Any]]:
+    """The job status writes after call number ``since``: (job name, patch)."""
+    return [(c.target.rsplit("/", 1)[1], c.body) for c in kube.calls[since:] if c.verb == "patch_job_status"]
+
+
+def sets_phase(phase: str) -> Any:
+    """Matches a status patch (merge or JSON) that writes ``phase``."""
+
+    def match(patch: Any) -> bool:
+        if isinstance(patch, list):
+            return {"op": "add", "path": "/status/phase", "value": phase} in patch
+        return patch["status"].get("phase") == phase
+
+    return match
+
+
+@pytest.fixture(autouse=True)
+def no_lane_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lane runners do not start their loops: each test runs ``reconcile`` passes itself."""
+    monkeypatch.setattr(LaneRunner, "start", lambda self: None)
+
+
+# -- 1. a warm dispatch -----------------------------------------------------------------------------
+
+
+def test_warm_lane_dispatches_straight_to_running():
+    async def scenario() -> None:
+        w = World()
+        w.model("m", port=9000)
+        w.pod(ip="10.1.2.3")
+        w.lane()
+        key = w.submit("j1")
+        view = w.ctl.jobs[key]
+        assert view.state == "assigned" and view.decision is not None and not view.decision.load
+
+        await w.reconcile()
+
+        job = w.kube.job("j1")
+        assert job["status"]["phase"] == "Running"
+        assert job["status"]["endpoint"] == "http://10.1.2.3:9000"
+        assert job["status"]["pod"] == "gpulane-gpu-0"
+        assert job["status"]["lane"] == "gpu-0"
+        assert job["metadata"]["finalizers"] == [FINALIZER]
+        phases = [p["status"].get("phase") for _, p in statuses(w.kube)]
+        assert phases == ["Running"]  # no Dispatching write in between
+        target = f"gpujobs/{NS}/j1"
+        finalizer = w.kube.index("patch_job", target)
+        assert w.kube.calls[finalizer].body == [{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}]
+        assert finalizer < w.kube.index("patch_job_status", target)
+        (event,) = w.kube.calls_of("event", target)
+        assert event.body["reason"] == "Dispatched" and not event.body["warning"]
+        assert w.kube.index("patch_job_status", target) < w.kube.index("event", target)
+        assert w.ctl.jobs[key].state == "running"
+        assert w.ctl.lanes["gpu-0"].running == {key}
+        assert w.kube.calls_of("create_pod") == []
+
+    asyncio.run(scenario())
+
+
+# -- 2. a dispatch that loads the model ----------------------------------------------------------
+
+
+async def _cold_dispatch(w: World, load_seconds: float) -> None:
+    w.model("m")
+    w.lane()
+    w.submit("j1")
+    await w.reconcile()
+    w.clock.now += load_seconds
+    pod = w.kube.update(f"pods/{SYSTEM}/gpulane-gpu-0", {"status": ready_status("10.0.0.9")})
+    w.ctl.pod_event("MODIFIED", pod)
+    await w.reconcile()
+
+
+def test_cold_lane_creates_the_pod_then_runs_the_job_when_ready():
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane()
+        key = w.submit("j1")
+        assert w.ctl.jobs[key].decision.load  # type: ignore[union-attr]
+
+        await w.reconcile()
+
+        (create,) = w.kube.calls_of("create_pod")
+        assert create.target == f"pods/{SYSTEM}/gpulane-gpu-0"
+        assert create.body["metadata"]["name"] == "gpulane-gpu-0"
+        (owner,) = create.body["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "gpulane.io/v1alpha1",
+            "kind": "GpuLane",
+            "name": "gpu-0",
+            "uid": "lane-uid-gpu-0",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert w.phase("j1") == "Dispatching"
+        target = f"gpujobs/{NS}/j1"
+        assert w.kube.index("patch_job", target) < w.kube.index("patch_job_status", target)
+        assert w.kube.index("patch_job_status", target) < w.kube.index("create_pod", create.target)
+        assert w.kube.index("patch_job_status", target) < w.kube.index("event", target)
+
+        await w.reconcile()  # nothing new: no API call
+        assert len(w.kube.calls_of("create_pod")) == 1
+        assert len(statuses(w.kube)) == 1
+
+        w.clock.now += 42
+        pod = w.kube.update(create.target, {"status": ready_status("10.0.0.9")})
+        w.ctl.pod_event("MODIFIED", pod)
+        await w.reconcile()
+
+        job = w.kube.job("j1")
+        assert job["status"]["phase"] == "Running"
+        assert job["status"]["endpoint"] == "http://10.0.0.9:8000"
+        assert [p["status"]["phase"] for _, p in statuses(w.kube)] == ["Dispatching", "Running"]
+        assert [c.body["reason"] for c in w.kube.calls_of("event", target)] == ["Dispatched"]  # posted once
+        assert w.ctl.dispatcher.lanes["gpu-0"].ready
+
+        await w.ctl.status.flush()
+        (write,) = w.kube.calls_of("patch_cluster_status", "gpumodels/m")
+        learned = write.body["status"]
+        assert learned["loads"] == 1
+        assert "loadSeconds" in learned and "runSeconds" in learned
+        assert w.kube.get("gpumodels/m")["status"]["loads"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_learned_load_seconds_written_are_the_cores_estimate():
+    async def scenario() -> None:
+        w = World()
+        await _cold_dispatch(w, load_seconds=42)
+        await w.ctl.status.flush()
+        (write,) = w.kube.calls_of("patch_cluster_status", "gpumodels/m")
+        core = w.ctl.dispatcher.models.get("m").load_seconds
+        assert core == pytest.approx(60 + 0.2 * (42 - 60))  # the default 60 s blended with one 42 s load
+        assert write.body["status"]["loadSeconds"] == round(core, 3)
+
+    asyncio.run(scenario())
+
+
+# -- 3. a swap --------------------------------------------------------------------------------------
+
+
+def test_swap_waits_for_the_running_job_and_for_the_old_pod_to_be_gone():
+    async def scenario() -> None:
+        w = World()
+        w.model("b")
+        await w.warm("ja")
+        old = w.kube.get(f"pods/{SYSTEM}/gpulane-gpu-0")
+        kb = w.submit("jb", model="b", created=T0 + 1)
+        assert w.ctl.jobs[kb].state == "pending"
+        assert w.ctl.dispatcher.pending_count == 1
+        await w.reconcile()
+        assert w.kube.calls_of("delete_pod") == []
+        assert statuses(w.kube)[-1][0] == "ja"  # nothing written for jb
+
+        w.clock.now += 30
+        w.ctl.job_event("MODIFIED", w.executor_finishes("ja"))
+        assert w.ctl.jobs[kb].state == "assigned"
+        assert w.ctl.jobs[kb].decision.replaces == "m"  # type: ignore[union-attr]
+        await w.reconcile()
+
+        assert w.kube.job("ja")["metadata"]["finalizers"] == []
+        drop = w.kube.calls_of("patch_job", f"gpujobs/{NS}/ja")[-1].body
+        assert drop[0] == {"op": "test", "path": "/metadata/finalizers", "value": [FINALIZER]}
+        (delete,) = w.kube.calls_of("delete_pod")
+        assert delete.body == {"preconditions": {"uid": old["metadata"]["uid"]}}
+        assert w.kube.calls_of("create_pod") == []
+
+        # The kubelet marks the pod terminating; the lane still waits.
+        terminating = w.kube.get(delete.target)
+        w.ctl.pod_event("MODIFIED", terminating)
+        w.clock.now += 1
+        await w.reconcile()
+        assert w.kube.calls_of("create_pod") == []
+        assert len(w.kube.calls_of("delete_pod")) == 1
+        assert w.phase("jb") is None  # nothing written for jb until its pod is on the way
+
+        w.ctl.pod_event("DELETED", w.kube.vanish(delete.target))
+        await w.reconcile()
+        (create,) = w.kube.calls_of("create_pod")
+        assert create.body["metadata"]["annotations"]["gpulane.io/model"] == "b"
+        assert w.kube.index("delete_pod", delete.target) < w.kube.index("create_pod", delete.target)
+        assert w.phase("jb") == "Dispatching"
+        assert w.kube.get(delete.target)["metadata"]["uid"] != old["metadata"]["uid"]
+
+    asyncio.run(scenario())
+
+
+# -- 4. rebuild -------------------------------------------------------------------------------------
+
+
+def test_rebuild_decides_only_with_the_whole_queue_known():
+    async def scenario() -> None:
+        w = World()
+        kube, ctl = w.kube, w.ctl
+        kube.put("gpumodels", {"metadata": {"name": "m"}, "spec": {"image": "m:v1", "maxConcurrency": 2}})
+        kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {}})
+        kube.put("pods", pod_body("gpu-0", "m", ip="10.0.0.5"))
+        running = job_body("r1", created=T0 - 600)
+        running["metadata"]["finalizers"] = [FINALIZER]
+        running["status"] = {
+            "phase": "Running",
+            "lane": "gpu-0",
+            "pod": "gpulane-gpu-0",
+            "endpoint": "http://10.0.0.5:8000",
+            "dispatchedAt": format_time(T0 - 300),
+            "startedAt": format_time(T0 - 300),
+            "score": {"priority": 0, "tier": 0, "affinity": 10, "aging": 5.0, "total": 15.0},
+        }
+        kube.put("gpujobs", running)
+        # The lower priority job is the older one: replayed first, it would win a lane that is online.
+        kube.put("gpujobs", job_body("low", created=T0 - 200, priority=0))
+        kube.put("gpujobs", job_body("high", created=T0 - 100, priority=100))
+
+        await ctl.rebuild()
+
+        assert ctl.ready
+        assert [d.job.id for d in ctl.dispatcher.history] == [f"{NS}/high"]
+        assert set(ctl.dispatcher.running) == {f"{NS}/r1", f"{NS}/high"}
+        assert ctl.jobs[f"{NS}/r1"].state == "running"
+        assert ctl.jobs[f"{NS}/low"].state == "pending"
+        assert ctl.dispatcher.pending_count == 1
+
+        await w.reconcile()
+        await ctl.status.flush()
+        assert w.phase("high") == "Running"
+        assert kube.job("high")["status"]["endpoint"] == "http://10.0.0.5:8000"
+        assert kube.calls_of("patch_job_status", f"gpujobs/{NS}/r1") == []
+        assert kube.calls_of("patch_job", f"gpujobs/{NS}/r1") == []
+        assert kube.job("r1")["status"]["phase"] == "Running"
+        assert w.phase("low") == "Pending"
+        assert ctl.lanes["gpu-0"].running == {f"{NS}/r1", f"{NS}/high"}
+        assert kube.calls_of("create_pod") == [] and kube.calls_of("delete_pod") == []
+
+        # r1 really holds a slot: when it ends, low takes it.
+        w.ctl.job_event("MODIFIED", w.executor_finishes("r1"))
+        await w.reconcile()
+        assert w.phase("low") == "Running"
+
+    asyncio.run(scenario())
+
+
+# -- 5. load timeout ----------------------------------------------------------------------------
+
+
+def test_load_timeout_fails_the_job_and_deletes_the_pod():
+    async def scenario() -> None:
+        w = World()
+        w.model("m", loadTimeoutSeconds=30)
+        w.lane()
+        key = w.submit("j1")
+        await w.reconcile()
+        assert w.phase("j1") == "Dispatching"
+        (create,) = w.kube.calls_of("create_pod")
+        uid = w.kube.get(create.target)["metadata"]["uid"]
+
+        w.clock.now += 29
+        await w.reconcile()
+        assert w.phase("j1") == "Dispatching"
+
+        w.clock.now += 2
+        await w.reconcile()  # the pass that gives up
+        await w.reconcile()  # the pass that removes the pod
+
+        job = w.kube.job("j1")
+        assert job["status"]["phase"] == "Failed"
+        assert job["status"]["reason"] == "ModelLoadTimeout"
+        assert job["metadata"]["finalizers"] == []
+        fail = [p for n, p in statuses(w.kube) if n == "j1"][-1]
+        assert fail[0] == {"op": "test", "path": "/status/phase", "value": "Dispatching"}
+        (delete,) = w.kube.calls_of("delete_pod")
+        assert delete.body == {"preconditions": {"uid": uid}}
+        assert w.ctl.dispatcher.lanes["gpu-0"].resident is None
+        assert key not in w.ctl.jobs and w.ctl.dispatcher.running == {}
+        (warning,) = [c for c in w.kube.calls_of("event", f"gpujobs/{NS}/j1") if c.body["warning"]]
+        assert warning.body["reason"] == "ModelLoadTimeout"
+
+    asyncio.run(scenario())
+
+
+def test_after_a_load_timeout_the_next_job_gets_a_fresh_pod():
+    async def scenario() -> None:
+        w = World()
+        w.model("m", loadTimeoutSeconds=30)
+        w.lane()
+        w.submit("j1")
+        w.submit("j2", created=T0 + 1)
+        await w.reconcile()
+        w.clock.now += 31
+        await w.ctl.lanes["gpu-0"].reconcile()  # gives up on j1's load and kicks itself...
+        await w.ctl.lanes["gpu-0"].reconcile()  # ...so the loop runs again at once: the pod is deleted
+        await w.settle()  # j1 failed and released: j2 is dispatched, its model loads again
+        assert w.ctl.jobs[f"{NS}/j2"].state == "assigned"
+        await w.reconcile()
+
+        assert w.phase("j2") != "Failed"
+        w.ctl.pod_event("DELETED", w.kube.vanish(f"pods/{SYSTEM}/gpulane-gpu-0"))
+        await w.reconcile()
+        assert len(w.kube.calls_of("create_pod")) == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_readiness_blip_does_not_fail_running_jobs():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1")  # the pod was created an hour before T0
+        w.clock.now += 5
+        pod = w.kube.update(f"pods/{SYSTEM}/gpulane-gpu-0", {"status": ready_status("10.0.0.7", ready=False)})
+        w.ctl.pod_event("MODIFIED", pod)
+        await w.reconcile()
+
+        assert w.phase("j1") == "Running"
+        assert w.kube.calls_of("delete_pod") == []
+
+    asyncio.run(scenario())
+
+
+# -- 6. deadlines -----------------------------------------------------------------------------------
+
+
+async def _one_tick(w: World) -> None:
+    """One pass of the controller's 1-second loop (deadlines, then a kick of every lane)."""
+    w.ctl.settings.tick_seconds = 0
+    task = asyncio.create_task(w.ctl._tick())
+    await asyncio.sleep(0)  # the loop starts and sleeps
+    await asyncio.sleep(0)  # one pass
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await w.settle()
+
+
+def test_deadline_fails_a_running_job_with_a_tested_patch():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1", maxRunSeconds=60)
+        w.clock.now += 60
+        await _one_tick(w)
+        assert w.phase("j1") == "Running"
+
+        w.clock.now += 1
+        await _one_tick(w)
+
+        job = w.kube.job("j1")
+        assert job["status"]["phase"] == "Failed"
+        assert job["status"]["reason"] == "DeadlineExceeded"
+        assert job["metadata"]["finalizers"] == []
+        patch = statuses(w.kube)[-1][1]
+        assert isinstance(patch, list)
+        assert patch[0] == {"op": "test", "path": "/status/phase", "value": "Running"}
+        assert {"op": "add", "path": "/status/phase", "value": "Failed"} in patch
+        assert f"{NS}/j1" not in w.ctl.jobs and w.ctl.dispatcher.running == {}
+
+    asyncio.run(scenario())
+
+
+def test_deadline_loses_to_the_executors_outcome():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1", maxRunSeconds=60)
+        key = f"{NS}/j1"
+        w.clock.now += 61
+        done = w.executor_finishes("j1")  # on the object, not yet seen by the operator
+
+        await w.ctl.end_job(w.ctl.jobs[key], "Failed", "DeadlineExceeded", "too long")
+        await w.settle()
+
+        job = w.kube.job("j1")
+        assert job["status"]["phase"] == "Succeeded"
+        assert "reason" not in job["status"]
+        assert statuses(w.kube)[-1][1][0] == {"op": "test", "path": "/status/phase", "value": "Running"}
+        assert key not in w.ctl.jobs  # the outcome was read back at once: the slot is free
+        assert not [c for c in w.kube.calls_of("event") if c.body["reason"] == "DeadlineExceeded"]
+
+        w.ctl.job_event("MODIFIED", done)
+        await w.settle()
+        assert key not in w.ctl.jobs and w.ctl.dispatcher.running == {}
+        assert w.kube.job("j1")["metadata"]["finalizers"] == []
+        assert w.phase("j1") == "Succeeded"
+
+    asyncio.run(scenario())
+
+
+def test_executor_outcome_arriving_during_the_deadline_write_frees_the_lane():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1", maxRunSeconds=60)
+        w.submit("j2", created=T0 + 1)
+        key = f"{NS}/j1"
+        w.clock.now += 61
+
+        def executor_wins(verb: str, target: str, body: Any) -> None:
+            if verb == "patch_job_status" and target.endswith("/j1"):
+                w.kube.before_write = None
+                w.ctl.job_event("MODIFIED", w.executor_finishes("j1"))
+
+        w.kube.before_write = executor_wins
+        await w.ctl.end_job(w.ctl.jobs[key], "Failed", "DeadlineExceeded", "too long")
+        await w.reconcile()
+
+        assert w.phase("j1") == "Succeeded"
+        assert key not in w.ctl.jobs
+        assert w.phase("j2") == "Running"
+
+    asyncio.run(scenario())
+
+
+# -- 7. cancel --------------------------------------------------------------------------------------
+
+
+def test_deleting_jobs_cancels_them():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("run")
+        pending = job_body("wait", created=T0 + 1)
+        pending["metadata"]["finalizers"] = ["example.com/keep"]  # someone else's: the deletion waits
+        w.ctl.job_event("ADDED", w.kube.put("gpujobs", pending))
+        assert w.ctl.dispatcher.pending_count == 1
+        await w.ctl.status.flush()  # position 1, exact: the job gets gpulane's finalizer early
+        assert w.kube.job("wait")["metadata"]["finalizers"] == ["example.com/keep", FINALIZER]
+        mark = len(w.kube.calls)
+
+        stamp = {"metadata": {"deletionTimestamp": format_time(w.clock())}}
+        w.ctl.job_event("MODIFIED", w.kube.update(f"gpujobs/{NS}/wait", stamp))
+        await w.reconcile()
+
+        assert w.ctl.dispatcher.pending_count == 0
+        assert f"{NS}/wait" not in w.ctl.jobs
+        (drop,) = [c for c in w.kube.calls[mark:] if c.target.endswith("/wait")]  # only its finalizer goes
+        assert (drop.verb, drop.body[-1]["value"]) == ("patch_job", ["example.com/keep"])
+        assert w.kube.job("wait")["metadata"]["finalizers"] == ["example.com/keep"]
+        assert w.ctl.jobs[f"{NS}/run"].state == "running"
+        assert set(w.ctl.dispatcher.running) == {f"{NS}/run"}
+        assert w.ctl.lanes["gpu-0"].running == {f"{NS}/run"}
+
+        w.ctl.job_event("MODIFIED", w.kube.update(f"gpujobs/{NS}/run", stamp))
+        await w.reconcile()
+
+        target = f"gpujobs/{NS}/run"
+        assert target not in w.kube.objects  # the finalizer went: the deletion completed
+        cancel = w.kube.index("patch_job_status", target, sets_phase("Cancelled"))
+        assert w.kube.calls[cancel].body[0] == {"op": "test", "path": "/status/phase", "value": "Running"}
+        drop = w.kube.index(
+            "patch_job", target, lambda p: p[-1] == {"op": "replace", "path": "/metadata/finalizers", "value": []}
+        )
+        assert cancel < drop
+        assert w.ctl.jobs == {} and w.ctl.dispatcher.running == {}
+        assert [c.body["reason"] for c in w.kube.calls_of("event", target)][-1] == "Deleted"
+
+    asyncio.run(scenario())
+
+
+# -- 8. policy ----------------------------------------------------------------------------------
+
+
+def test_policy_invalid_is_refused_and_valid_one_rejects_unknown_tiers():
+    async def scenario() -> None:
+        w = World()
+        w.model("m")  # no lane: every job waits
+        w.submit("free-job", tier="free")
+        w.submit("max-job", tier="max", created=T0 + 1)
+        old = w.ctl.dispatcher.policy
+        bad = w.kube.put("gpupolicies", {"metadata": {"name": "default", "generation": 1}, "spec": {"bandSpacing": 20}})
+
+        w.ctl.policy_event("ADDED", bad)
+        await w.settle()
+
+        assert w.ctl.dispatcher.policy is old
+        (write,) = w.kube.calls_of("patch_cluster_status", "gpupolicies/default")
+        (cond,) = write.body["status"]["conditions"]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("Accepted", "False", "InvalidPolicy")
+        assert "bandSpacing 20" in cond["message"]
+        assert write.body["status"]["observedGeneration"] == 1
+        assert w.ctl.dispatcher.pending_count == 2
+
+        spec = {"tierBonus": {"free": 0, "pro": 1}}
+        w.kube.objects["gpupolicies/default"]["spec"] = spec  # an edit replaces the whole spec
+        good = w.kube.update("gpupolicies/default", {"metadata": {"generation": 2}})
+        w.ctl.policy_event("MODIFIED", good)
+        await w.settle()
+
+        assert w.ctl.dispatcher.policy == Policy.model_validate(spec)
+        cond = w.kube.get("gpupolicies/default")["status"]["conditions"][0]
+        assert (cond["status"], cond["reason"]) == ("True", "Valid")
+        status = w.kube.job("max-job")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "PolicyRejected")
+        assert "max" in status["message"]
+        assert f"{NS}/max-job" not in w.ctl.jobs
+        assert [j.id for j in w.ctl.dispatcher.ranking.pending()] == [f"{NS}/free-job"]
+        assert "status" not in w.kube.job("free-job")
+
+    asyncio.run(scenario())
+
+
+def test_a_parked_job_the_new_policy_refuses_fails_when_its_model_appears():
+    async def scenario() -> None:
+        w = World()
+        w.lane()
+        w.submit("j1", model="ghost", tier="max")
+        await w.ctl.status.flush()
+        assert w.kube.job("j1")["status"]["reason"] == "ModelNotFound"
+        spec = {"tierBonus": {"free": 0, "pro": 1}}
+        w.ctl.policy_event("ADDED", w.kube.put("gpupolicies", {"metadata": {"name": "default"}, "spec": spec}))
+        await w.settle()
+        w.model("ghost")
+        await w.reconcile()
+        await w.ctl.status.flush()
+
+        assert w.phase("j1") == "Failed"
+
+    asyncio.run(scenario())
+
+
+# -- 9. the status writer ---------------------------------------------------------------------------
+
+
+def test_status_writer_is_rate_limited_head_first_and_rounds_far_positions():
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=50, status_writes_per_second=100, status_interval=1.0))
+        await w.warm("run")
+        names = [f"q{i:03d}" for i in range(120)]
+        for i, name in enumerate(names):
+            w.submit(name, created=T0 + 1 + i)
+        mark = len(w.kube.calls)
+
+        await w.ctl.status.flush()
+
+        # The exact positions also get the finalizer early; both writes count against the budget of 100.
+        first = statuses(w.kube, mark)
+        assert [n for n, _ in first] == names[:50]
+        assert first[0][1]["status"]["position"] == 1
+        for i, (_, patch) in enumerate(first):
+            assert patch["status"]["phase"] == "Pending"
+            assert (patch["status"]["position"], patch["status"]["positionExact"]) == (i + 1, True)
+        assert w.kube.job("q000")["status"]["estimatedStart"] is not None
+        assert [c.target.rsplit("/", 1)[1] for c in w.kube.calls[mark:] if c.verb == "patch_job"] == names[:50]
+        mark = len(w.kube.calls)
+
+        await w.ctl.status.flush()
+
+        second = statuses(w.kube, mark)
+        assert [n for n, _ in second] == names[50:]
+        assert {(p["status"]["position"], p["status"]["positionExact"]) for _, p in second[:50]} == {(100, False)}
+        assert {(p["status"]["position"], p["status"]["positionExact"]) for _, p in second[50:]} == {(150, False)}
+        mark = len(w.kube.calls)
+
+        w.ctl.status.dirty = True
+        await w.ctl.status.flush()
+        assert statuses(w.kube, mark) == []
+        assert w.kube.writes["job-status"] == 1 + 120  # the Running write, then one per waiting job
+
+    asyncio.run(scenario())
+
+
+def test_lane_queue_depth_removes_a_band_once_it_empties():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("run")
+        w.submit("hi", created=T0 + 1, priority=100)
+        w.submit("lo", created=T0 + 2, priority=0)
+        await w.ctl.status.flush()
+        assert w.kube.get("gpulanes/gpu-0")["status"]["queueDepth"] == {"100": 1, "0": 1}
+        mark = len(w.kube.calls)
+
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/hi"))
+        await w.ctl.status.flush()
+
+        (write,) = [c for c in w.kube.calls[mark:] if c.target == "gpulanes/gpu-0"]
+        assert write.body["status"]["queueDepth"] == {"100": None, "0": 1}
+        assert w.kube.get("gpulanes/gpu-0")["status"]["queueDepth"] == {"0": 1}
+
+    asyncio.run(scenario())
+
+
+# -- 10. a job whose model does not exist (yet) ---------------------------------------------------
+
+
+def test_parked_job_is_written_once_and_queued_when_its_model_appears():
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane()
+        key = w.submit("j1", model="ghost")
+        assert w.ctl.jobs[key].state == "parked"
+        assert w.ctl.dispatcher.pending_count == 0
+
+        await w.ctl.status.flush()
+        w.clock.now += 11  # past the refresh interval
+        w.ctl.status.dirty = True
+        await w.ctl.status.flush()
+
+        (write,) = statuses(w.kube)
+        status = write[1]["status"]
+        assert (status["phase"], status["reason"]) == ("Pending", "ModelNotFound")
+        (cond,) = status["conditions"]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("Admitted", "False", "ModelNotFound")
+
+        w.model("ghost")
+        assert w.ctl.jobs[key].state == "assigned"  # the idle lane takes it at once
+        assert [d.job.id for d in w.ctl.dispatcher.history] == [key]
+        await w.reconcile()
+        assert w.phase("j1") == "Dispatching"
+        (create,) = w.kube.calls_of("create_pod")
+        assert create.body["metadata"]["annotations"]["gpulane.io/model"] == "ghost"
+
+    asyncio.run(scenario())
+
+
+def test_an_unparked_job_loses_its_model_not_found_status():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("busy")
+        w.submit("j1", model="ghost")
+        await w.ctl.status.flush()
+        w.model("ghost")  # j1 queues behind busy
+        await w.ctl.status.flush()
+
+        status = w.kube.job("j1")["status"]
+        assert status["phase"] == "Pending" and status["positionExact"] is True
+        assert status.get("reason") is None
+        (cond,) = [c for c in status["conditions"] if c["type"] == "Admitted"]
+        assert cond["status"] == "True"
+
+    asyncio.run(scenario())
+
+
+# -- restarts: a running job the current policy would refuse -------------------------------------
+
+
+def test_rebuild_adopts_a_running_job_the_policy_now_refuses():
+    async def scenario() -> None:
+        w = World()
+        kube, ctl = w.kube, w.ctl
+        kube.put("gpupolicies", {"metadata": {"name": "default"}, "spec": {"tierBonus": {"free": 0}}})
+        kube.put("gpumodels", {"metadata": {"name": "m"}, "spec": {"image": "m:v1"}})
+        kube.put("gpumodels", {"metadata": {"name": "other"}, "spec": {"image": "other:v1"}})
+        kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {}})
+        kube.put("pods", pod_body("gpu-0", "m"))
+        running = job_body("r1", created=T0 - 600, tier="max")
+        running["metadata"]["finalizers"] = [FINALIZER]
+        running["status"] = {"phase": "Running", "lane": "gpu-0", "startedAt": format_time(T0 - 300)}
+        kube.put("gpujobs", running)
+        kube.put("gpujobs", job_body("next", "other", created=T0 - 100))
+
+        await ctl.rebuild()
+        await w.reconcile()
+
+        assert f"{NS}/r1" in ctl.jobs
+        assert ctl.jobs[f"{NS}/next"].state == "pending"
+        assert kube.calls_of("delete_pod") == []
+
+    asyncio.run(scenario())
