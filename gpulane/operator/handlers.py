@@ -7,7 +7,7 @@ progress annotations on every GpuJob, an extra write per job and per change. Not
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -16,6 +16,7 @@ from gpulane.operator import health
 from gpulane.operator.controller import Controller, Settings
 from gpulane.operator.kube import Kube, load_client
 from gpulane.operator.pods import BACKEND_SELECTOR
+from gpulane.operator.translate import Body
 
 log = logging.getLogger(__name__)
 
@@ -48,26 +49,30 @@ def _ctl(memo: kopf.Memo) -> Controller:
     return ctl
 
 
+def _body(event: kopf.RawEvent) -> Body:
+    return cast(Body, event["object"])
+
+
 @kopf.on.event(GROUP, VERSION, "gpujobs")
 async def job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    _ctl(memo).job_event(event["type"], event["object"])
+    _ctl(memo).job_event(event["type"], _body(event))
 
 
 @kopf.on.event(GROUP, VERSION, "gpumodels")
 async def model_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    _ctl(memo).model_event(event["type"], event["object"])
+    _ctl(memo).model_event(event["type"], _body(event))
 
 
 @kopf.on.event(GROUP, VERSION, "gpulanes")
 async def lane_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    _ctl(memo).lane_event(event["type"], event["object"])
+    _ctl(memo).lane_event(event["type"], _body(event))
 
 
 @kopf.on.event(GROUP, VERSION, "gpupolicies")
 async def policy_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    _ctl(memo).policy_event(event["type"], event["object"])
+    _ctl(memo).policy_event(event["type"], _body(event))
 
 
 @kopf.on.event("", "v1", "pods")
 async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    _ctl(memo).pod_event(event["type"], event["object"])
+    _ctl(memo).pod_event(event["type"], _body(event))

@@ -40,9 +40,9 @@ def load_client(kubeconfig: str | None = None) -> client.ApiClient:
     """In-cluster configuration when running in a pod, else the kubeconfig (``$KUBECONFIG`` or the default)."""
     configuration = client.Configuration()
     try:
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.connection_pool_maxsize = 32
     return client.ApiClient(configuration)
 
@@ -60,7 +60,12 @@ class Kube:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.api.close()
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    def _plain(self, obj: Any) -> Body:
+        """The official client's model objects as the plain dicts the rest of the operator reads."""
+        body: Body = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return body
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -102,12 +107,12 @@ class Kube:
 
     async def get_pod(self, name: str) -> Body:
         pod = await self._call(self.core.read_namespaced_pod, name, self.namespace)
-        body: Body = self.api.sanitize_for_serialization(pod)
+        body: Body = self._plain(pod)
         return body
 
     async def list_pods(self, selector: str) -> list[Body]:
         result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
-        return [self.api.sanitize_for_serialization(p) for p in result.items]
+        return [self._plain(p) for p in result.items]
 
     # -- writes ---------------------------------------------------------------------------------
 
@@ -151,7 +156,7 @@ class Kube:
 
     async def create_pod(self, manifest: Body) -> Body:
         pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)
-        created: Body = self.api.sanitize_for_serialization(pod)
+        created: Body = self._plain(pod)
         return created
 
     async def delete_pod(self, name: str, uid: str) -> None:
