@@ -90,6 +90,7 @@ class JobView:
     max_run: int | None = None
     finalizers: list[str] = field(default_factory=list)
     conditions: list[dict[str, Any]] = field(default_factory=list)
+    generation: int | None = None
     woke_at: float | None = None  # when the event that let it dispatch arrived (latency metric)
     ending: bool = False  # a terminal write is in flight
     announced: bool = False  # the Dispatched Event was posted
@@ -119,6 +120,7 @@ class Controller:
         self.parked: dict[str, set[str]] = {}  # model -> jobs waiting for its GpuModel
         self.models: dict[str, GpuModelSpec] = {}
         self.learned: dict[str, dict[str, float]] = {}  # model -> status fields we keep up to date
+        self.model_generations: dict[str, int | None] = {}
         self.lanes: dict[str, LaneRunner] = {}
         self.pods: dict[str, PodState] = {}  # lane -> its backend pod as last seen
         self.ready = False
@@ -272,6 +274,7 @@ class Controller:
             job=job,
             api_phase=status.get("phase"),
             max_run=spec.get("maxRunSeconds"),
+            generation=meta.get("generation"),
             finalizers=list(meta.get("finalizers") or []),
             conditions=list(status.get("conditions") or []),
         )
@@ -593,10 +596,12 @@ class Controller:
             log.error("GpuLane %s is invalid: %s", name, validation_message(err))
             return
         if runner is not None:
-            runner.spec, runner.uid = spec, meta.get("uid", "")
+            runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
             runner.kick()
             return
         runner = LaneRunner(self, name, meta.get("uid", ""), spec)
+        runner.generation = meta.get("generation")
+        runner.conditions = list((body.get("status") or {}).get("conditions") or [])
         self.lanes[name] = runner
         runner.start()
         pod = self.pods.get(name)
@@ -619,6 +624,9 @@ class Controller:
             status = body.get("status") or {}
             self.learned[name] = {k: status[k] for k in ("loadSeconds", "runSeconds", "loads", "runs") if k in status}
         self.models[name] = spec
+        if self.model_generations.get(name) != body["metadata"].get("generation"):
+            self.model_generations[name] = body["metadata"].get("generation")
+            self.status.model_dirty(name)
         fallback = self.dispatcher.models.get(name)
         self.apply(ModelUpdated(model_spec(name, spec, self.learned[name], fallback)))
         waiting = self.parked.pop(name, set())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpulane.api.resources import GpuLaneSpec
 from gpulane.operator.kube import Conflict, Gone
@@ -37,6 +37,8 @@ class LaneRunner:
         self.deleting: str | None = None  # uid of the pod we asked to delete
         self.delete_requested = 0.0
         self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
+        self.conditions: list[dict[str, Any]] = []
+        self.generation: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

@@ -136,6 +136,7 @@ class StatusWriter:
                 "phase": "Pending",
                 "reason": None,  # clears ModelNotFound once the model exists
                 "message": None,
+                "observedGeneration": view.generation,
                 "position": position,
                 "positionExact": exact,
                 "estimatedStart": None if start is None else format_time(start),
@@ -183,10 +184,20 @@ class StatusWriter:
         # A merge patch merges maps: bands that emptied must be removed explicitly.
         queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
         runner.last_depth = depth
+        ready = bool(pod and pod.ready and core and core.ready and pod.model == core.resident)
+        if ready:
+            why, message = "BackendReady", f"{pod.name if pod else ''} serves {core.resident if core else ''}"
+        elif core is None or core.resident is None:
+            why, message = "NoModel", "no model is loaded; the next dispatch loads one"
+        else:
+            why, message = "Loading", f"loading {core.resident}"
+        runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, ctl.clock()))
         status = {
             "residentModel": core.resident if core else None,
             "pod": pod.name if pod else None,
-            "ready": bool(pod and pod.ready and core and core.ready and pod.model == core.resident),
+            "ready": ready,
+            "conditions": runner.conditions,
+            "observedGeneration": runner.generation,
             "running": sorted(runner.running | runner.assigned),
             "queueDepth": queue_depth,
             "lastServed": [
@@ -199,4 +210,5 @@ class StatusWriter:
 
     async def _write_model(self, name: str) -> None:
         with contextlib.suppress(Gone):
-            await self.ctl.kube.patch_cluster_status("gpumodels", name, {"status": dict(self.ctl.learned[name])})
+            status = {**self.ctl.learned[name], "observedGeneration": self.ctl.model_generations.get(name)}
+            await self.ctl.kube.patch_cluster_status("gpumodels", name, {"status": status})

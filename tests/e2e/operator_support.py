@@ -254,6 +254,11 @@ class World:
     def status(self, name: str) -> dict[str, Any]:
         return self.get(name).get("status") or {}
 
+    def cluster_status(self, plural: str, name: str) -> dict[str, Any]:
+        """The status of a GpuLane, GpuModel or GpuPolicy."""
+        body = self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
+        return dict(body.get("status") or {})
+
     def wait_phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
         return wait_until(
             lambda: (s := self.status(name)).get("phase") in phases and s,

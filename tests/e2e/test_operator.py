@@ -71,7 +71,15 @@ def test_reuse_keeps_the_pod_and_a_swap_never_overlaps_two_pods(world: World, op
         world.wait_phase("b1", "Running")
         [pod] = world.backend_pods(lane)
         assert pod.metadata.uid != uid and pod.metadata.annotations["gpulane.io/model"] == flux
-    live: set[str] = set()
+    lane_status = wait_until(
+        lambda: (s := world.cluster_status("gpulanes", lane)).get("residentModel") == flux and s.get("ready") and s,
+        what="the lane's status to show flux Ready",
+    )
+    assert lane_status["pod"] == pod.metadata.name and lane_status["running"] == [f"{world.namespace}/b1"]
+    assert [c["reason"] for c in lane_status["conditions"] if c["type"] == "Ready"] == ["BackendReady"]
+    learned = wait_until(lambda: world.cluster_status("gpumodels", sdxl).get("loads"), what="sdxl's learned loads")
+    assert learned >= 1 and world.cluster_status("gpumodels", sdxl)["loadSeconds"] > 0
+    live: set[str] = set()  # the pods of this lane that exist, event by event
     most = 0
     for kind, _name, pod_uid in seen:
         if kind == "DELETED":
