@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 
+from gpulane.admission.main import add_arguments as add_webhook_arguments
+from gpulane.admission.main import add_config_arguments as add_webhook_config_arguments
+from gpulane.admission.main import run as run_webhook
+from gpulane.admission.main import run_config as run_webhook_config
 from gpulane.core.policy import PolicyError
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
@@ -84,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     op = commands.add_parser("operator", help="run the Kubernetes operator (kopf) against the current cluster")
     add_operator_arguments(op)
     op.set_defaults(run=run_operator)
+    hook = commands.add_parser(
+        "webhook", help="run the admission webhook alone (priority caps, trusted tier and member)"
+    )
+    add_webhook_arguments(hook)
+    hook.set_defaults(run=run_webhook)
+    hook_config = commands.add_parser("webhook-config", help="print the webhook configurations to kubectl apply")
+    add_webhook_config_arguments(hook_config)
+    hook_config.set_defaults(run=run_webhook_config)
     return parser
 
 

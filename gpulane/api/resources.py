@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictInt
 from pydantic.config import JsonDict
 
+from gpulane.admission.rules import AdmissionPolicy
 from gpulane.core.policy import CamelModel, Policy
 
 GROUP = "gpulane.io"
@@ -79,7 +80,8 @@ class GpuJobSpec(CamelModel):
             ]
         },
     )
-    tier: str = Field(default="free", min_length=1, max_length=63, json_schema_extra=immutable("tier"))
+    # Unset means "free" without the webhook; with it, the caller's tier from the policy's rules.
+    tier: str | None = Field(default=None, min_length=1, max_length=63, json_schema_extra=immutable("tier"))
     # Whose fair share the job counts against; defaults to the job's namespace.
     member: str | None = Field(default=None, min_length=1, max_length=253, json_schema_extra=immutable("member"))
     max_run_seconds: int | None = Field(default=None, ge=1, le=MAX_RUN_SECONDS)
@@ -187,6 +189,16 @@ class GpuLaneStatus(CamelModel):
 # -- GpuPolicy ----------------------------------------------------------------------------------
 
 
+class GpuPolicySpec(Policy):
+    """The scoring policy's fields, plus who may ask for what (enforced by the admission webhook)."""
+
+    admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+
+    def scoring(self) -> Policy:
+        """The core's policy: every field but ``admission``."""
+        return Policy.model_validate(self.model_dump(by_alias=True, exclude={"admission"}))
+
+
 class GpuPolicyStatus(CamelModel):
     conditions: Conditions | None = _CONDITIONS
     observed_generation: int | None = None
@@ -231,6 +243,7 @@ KINDS: tuple[Kind, ...] = (
         rules=[
             # The field rule only sees changes of a set value; this one also refuses adding or removing it.
             {"rule": "has(self.spec.member) == has(oldSelf.spec.member)", "message": "spec.member is immutable"},
+            {"rule": "has(self.spec.tier) == has(oldSelf.spec.tier)", "message": "spec.tier is immutable"},
         ],
         columns=[
             _col("Phase", "string", ".status.phase"),
@@ -287,7 +300,7 @@ KINDS: tuple[Kind, ...] = (
         plural="gpupolicies",
         short_names=["gp"],
         scope="Cluster",
-        spec=Policy,
+        spec=GpuPolicySpec,
         status=GpuPolicyStatus,
         columns=[
             _col("Accepted", "string", '.status.conditions[?(@.type=="Accepted")].status'),

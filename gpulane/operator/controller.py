@@ -19,7 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpulane.api.resources import API_VERSION, TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec
+from gpulane.admission.review import Refused, validate_policy
+from gpulane.api.resources import API_VERSION, TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec, GpuPolicySpec
 from gpulane.core.dispatcher import Dispatcher, DispatchError
 from gpulane.core.events import (
     Dispatch,
@@ -658,16 +659,15 @@ class Controller:
         if generation == self.policy_generation:
             return
         now = self.clock()
+        spec = body.get("spec") or {}
         try:
-            policy = Policy.model_validate(body.get("spec") or {})
-        except ValidationError as err:
-            message = "; ".join(str(e.get("ctx", {}).get("error") or e["msg"]) for e in err.errors())
-            log.error("GpuPolicy %s refused: %s", meta["name"], message)
-            cond = condition(
-                "Accepted", False, "InvalidPolicy", f"{message}; the previous policy stays", now, generation
-            )
+            validate_policy(spec)  # the webhook's own check, for clusters that run none
+        except Refused as err:
+            log.error("GpuPolicy %s refused: %s", meta["name"], err)
+            message = f"{err}; the previous policy stays in effect"
+            cond = condition("Accepted", False, "InvalidPolicy", message, now, generation)
         else:
-            self._use_policy(policy)
+            self._use_policy(GpuPolicySpec.model_validate(spec).scoring())
             cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
         self.policy_generation = generation
         conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib
 import logging
 import os
 
 import kopf
 
+from gpulane.admission.main import add_serving_arguments, serving_options
 from gpulane.operator.controller import Settings
 
 
@@ -35,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.status_writes_per_second,
         help="upper bound on queue-status writes (default %(default)s)",
     )
+    parser.add_argument("--webhook", action="store_true", help="also serve the admission webhook (gpulane webhook)")
+    add_serving_arguments(parser, prefix="webhook-")
     parser.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -49,13 +53,22 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
-    import gpulane.operator.handlers  # noqa: F401  (registers the handlers)
+    importlib.import_module("gpulane.operator.handlers")  # registers the handlers
+
+    webhook = serving_options(args, prefix="webhook_") if args.webhook else None
+    if webhook is not None:
+        importlib.import_module("gpulane.admission.webhook")  # and the admission handlers
 
     settings = dataclasses.asdict(Settings())
     settings.update(exact_positions=args.exact_positions, status_writes_per_second=args.status_writes_per_second)
     settings["namespace"] = args.namespace
     memo = kopf.Memo(
-        namespace=args.namespace, kubeconfig=args.kubeconfig, host=args.host, port=args.port, settings=settings
+        namespace=args.namespace,
+        kubeconfig=args.kubeconfig,
+        host=args.host,
+        port=args.port,
+        settings=settings,
+        webhook=webhook,
     )
     asyncio.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))
     return 0

@@ -19,6 +19,7 @@ from gpulane.core.priority import resolve_priority
 from gpulane.core.score import ScoreBreakdown
 
 Body = dict[str, Any]
+DEFAULT_TIER = "free"  # of a job that names none (the webhook, when installed, always sets one)
 
 
 def job_key(body: Body) -> str:
@@ -82,7 +83,7 @@ def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
     except ValueError as err:
         return Refusal("InvalidPriority", str(err))
     if policy is not None:
-        refusal = policy_refusal(policy, priority, spec.tier)
+        refusal = policy_refusal(policy, priority, spec.tier or DEFAULT_TIER)
         if refusal is not None:
             return refusal
     submitted = parse_time(meta.get("creationTimestamp"))
@@ -90,7 +91,7 @@ def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
         id=job_key(body),
         model=spec.model,
         priority=priority,
-        tier=spec.tier,
+        tier=spec.tier or DEFAULT_TIER,
         member=spec.member or meta["namespace"],
         submitted_at=submitted if submitted is not None else 0.0,
         expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),

@@ -10,20 +10,20 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 from kubernetes import client, watch
 
-from .support import REPO, Cluster, localcluster, wait_until
+from .support import REPO, Cluster, ServingCert, localcluster, wait_until
 
 GROUP, VERSION = "gpulane.io", "v1alpha1"
 API = f"{GROUP}/{VERSION}"
@@ -37,62 +37,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class OperatorProcess:
-    """``gpulane operator`` started with the admin kubeconfig; its log is kept for failure messages."""
+class GpulaneProcess:
+    """A ``gpulane`` command as its own process with the admin kubeconfig; its log is kept for failures."""
+
+    name = "gpulane"
 
     def __init__(self, cluster: Cluster, log_dir: Path, *extra: str) -> None:
         self.cluster = cluster
         self.port = free_port()
-        self.log_path = log_dir / f"operator-{self.port}.log"
+        self.log_path = log_dir / f"{self.name}-{self.port}.log"
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> OperatorProcess:
-        argv = [
-            str(REPO / ".venv" / "bin" / "gpulane"),
-            "operator",
-            "--namespace",
-            OPERATOR_NAMESPACE,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--kubeconfig",
-            str(self.cluster.kubeconfig),
-            *self.extra,
-        ]
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        argv = [str(REPO / ".venv" / "bin" / "gpulane"), *self.argv(), "--kubeconfig", str(self.cluster.kubeconfig)]
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
+        self.proc = subprocess.Popen([*argv, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
         log.close()
-        wait_until(self._ready, timeout=60, what=f"operator /readyz on port {self.port}")
+        wait_until(self._ready, timeout=60, what=f"{self.name} ready on port {self.port}")
         return self
 
     def _ready(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"the operator exited with {self.proc.returncode}:\n{self.log_tail()}")
+            raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
         try:
-            return self.get("/readyz")[0] == 200
+            return self.ready()
         except OSError:
             return False
-
-    def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
-
-    def metrics(self) -> dict[str, float]:
-        """Samples of /metrics as ``name{labels}`` -> value."""
-        status, text = self.get("/metrics")
-        assert status == 200, text
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
 
     def kill(self) -> None:
         """SIGKILL: no cleanup handlers run, exactly like a node failure or an OOM kill."""
@@ -113,61 +91,59 @@ class OperatorProcess:
         return localcluster.tail(self.log_path, lines)
 
 
-@dataclass
-class JobRecorder:
-    """Watches the namespace's GpuJobs and records each phase transition in the order the API shows them."""
+class OperatorProcess(GpulaneProcess):
+    """``gpulane operator``; ready once its /readyz answers."""
 
-    api: client.ApiClient
-    namespace: str
-    transitions: list[tuple[str, str]] = field(default_factory=list)  # (job, phase)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    name = "operator"
 
-    def start(self) -> JobRecorder:
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self._thread.start()
-        ready.wait(10)
-        return self
+    def argv(self) -> list[str]:
+        return ["operator", "--namespace", OPERATOR_NAMESPACE, "--host", "127.0.0.1", "--port", str(self.port)]
 
-    def _run(self, ready: threading.Event) -> None:
-        custom = client.CustomObjectsApi(self.api)
-        last: dict[str, str | None] = {}
-        rv = custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["metadata"][
-            "resourceVersion"
-        ]
-        ready.set()
-        while not self._stop.is_set():
-            w = watch.Watch()
-            try:
-                for event in w.stream(
-                    custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    "gpujobs",
-                    resource_version=rv,
-                    timeout_seconds=5,
-                ):
-                    obj = event["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    name = obj["metadata"]["name"]
-                    phase = (obj.get("status") or {}).get("phase")
-                    if phase != last.get(name) and phase is not None:
-                        self.transitions.append((name, phase))
-                    last[name] = phase
-                    if self._stop.is_set():
-                        break
-            except Exception:  # a watch that expired restarts from the last version seen
-                time.sleep(0.2)
+    def ready(self) -> bool:
+        return self.get("/readyz")[0] == 200
 
-    def order(self, phase: str = "Running") -> list[str]:
-        return [name for name, p in self.transitions if p == phase]
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+    def metrics(self) -> dict[str, float]:
+        """Samples of /metrics as ``name{labels}`` -> value."""
+        status, text = self.get("/metrics")
+        assert status == 200, text
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+
+class WebhookProcess(GpulaneProcess):
+    """``gpulane webhook`` serving TLS on 127.0.0.1 with ``tls``'s certificate; ready once it completes a
+    TLS handshake with that CA."""
+
+    name = "webhook"
+
+    def __init__(self, cluster: Cluster, log_dir: Path, tls: ServingCert, *extra: str) -> None:
+        super().__init__(cluster, log_dir, *extra)
+        self.tls = tls
+        self.liveness = free_port()
+
+    def argv(self) -> list[str]:
+        return [
+            "webhook", "--host", "127.0.0.1", "--port", str(self.port),
+            "--cert-file", str(self.tls.cert_file), "--key-file", str(self.tls.key_file),
+            "--liveness", f"http://127.0.0.1:{self.liveness}/healthz",
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        context = ssl.create_default_context(cadata=self.tls.ca_pem.decode())
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
+            context.wrap_socket(sock, server_hostname="127.0.0.1").close()
+        return True
 
 
 class World:

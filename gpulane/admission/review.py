@@ -1,0 +1,168 @@
+"""The admission decisions, as pure functions: what a GpuJob becomes on create, which changes are refused,
+and whether a GpuPolicy may be stored. ``webhook.py`` only translates kopf's arguments to these.
+
+Every refusal is a ``Refused`` with a sentence that names the caller, the value and the rule involved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpulane.admission.rules import AdmissionPolicy, Caller, grant
+from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
+from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.priority import resolve_priority
+
+REQUESTED_PRIORITY = "gpulane.io/requested-priority"
+# Fields that decide a job's place in the queue: fixed once the job has been dispatched.
+QUEUE_FIELDS = ("model", "priority", "tier", "member")
+# What an OpenAI call in spec.request must carry, per path.
+REQUEST_FIELDS = {
+    "/v1/chat/completions": "messages",
+    "/v1/completions": "prompt",
+    "/v1/embeddings": "input",
+    "/v1/images/generations": "prompt",
+    "/v1/audio/speech": "input",
+}
+
+
+class Refused(Exception):
+    """An admission request that must be refused; the message is shown to the caller."""
+
+
+@dataclass
+class Mutation:
+    spec: dict[str, Any] = field(default_factory=dict)  # spec fields to set
+    annotations: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _fields(err: ValidationError, prefix: str) -> str:
+    return "; ".join(f"{'.'.join([prefix, *(str(p) for p in e['loc'])])}: {e['msg']}" for e in err.errors())
+
+
+def _priority(raw: object) -> int:
+    try:
+        return resolve_priority(raw)
+    except ValueError as err:
+        raise Refused(str(err)) from None
+
+
+def _text(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 64 else text[:61] + "..."
+
+
+def mutate_job(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPolicy, policy: Policy) -> Mutation:
+    """On create: resolve the priority, cap it, and set member and tier from the caller's identity."""
+    out = Mutation()
+    granted = grant(caller, admission, policy)
+    raw = spec.get("priority", 0)
+    priority = _priority(raw)
+    if raw != priority:
+        out.spec["priority"] = priority
+    if priority > granted.cap:
+        if admission.mode == "reject":
+            raise Refused(
+                f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
+            )
+        out.spec["priority"] = granted.cap
+        out.annotations[REQUESTED_PRIORITY] = _text(raw)
+        out.warnings.append(
+            f"priority {priority} capped to {granted.cap} for user {caller.username} (rule: {granted.cap_rule})"
+        )
+    member = spec.get("member")
+    if member is None:
+        out.spec["member"] = caller.username
+    elif member != caller.username and not granted.trusted:
+        raise Refused(
+            f"user {caller.username} may not submit as member {_text(member)!r}: only identities in the "
+            "policy's admission.trusted may set spec.member"
+        )
+    tier = spec.get("tier")
+    if tier is None:
+        out.spec["tier"] = granted.tier
+    elif tier != granted.tier and not granted.trusted:
+        raise Refused(
+            f"user {caller.username} may not choose tier {_text(tier)!r}: their tier is {granted.tier!r} "
+            f"(rule: {granted.tier_rule}); only identities in the policy's admission.trusted may set spec.tier"
+        )
+    return out
+
+
+def validate_job(
+    new: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    caller: Caller,
+    admission: AdmissionPolicy,
+    policy: Policy,
+    model_known: bool,
+) -> None:
+    """On create and update: a well-formed spec, a known model and tier, a priority within the cap,
+    and no change to the queue fields once dispatched or by callers not trusted to make it."""
+    raw_spec = new.get("spec") or {}
+    try:
+        spec = GpuJobSpec.model_validate(raw_spec)
+    except ValidationError as err:
+        raise Refused(_fields(err, "spec")) from None
+    granted = grant(caller, admission, policy)
+    if old is None:
+        if not model_known:
+            raise Refused(f"no GpuModel named {spec.model!r}; create it first (kubectl get gpumodels)")
+        priority = _priority(spec.priority)
+        if priority > granted.cap:
+            raise Refused(
+                f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
+            )
+    if spec.tier is not None:
+        try:
+            policy.bonus_for_tier(spec.tier)
+        except PolicyError as err:
+            raise Refused(str(err)) from None
+    if spec.request is not None:
+        _check_request(spec.request.path, spec.request.body)
+    if old is not None:
+        _check_update(raw_spec, old, caller, granted.trusted)
+
+
+def _check_request(path: str, body: Mapping[str, Any]) -> None:
+    needed = REQUEST_FIELDS.get(path)
+    if needed is None:
+        raise Refused(f"spec.request.path {path!r} is not supported; use one of {', '.join(REQUEST_FIELDS)}")
+    value = body.get(needed)
+    if value in (None, "", [], {}):
+        raise Refused(f"spec.request.body must carry {needed!r} for {path}")
+    if needed == "messages" and not (
+        isinstance(value, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+    ):
+        raise Refused("spec.request.body.messages must be a list of objects, each with a 'role'")
+
+
+def _check_update(spec: Mapping[str, Any], old: Mapping[str, Any], caller: Caller, trusted: bool) -> None:
+    old_spec = old.get("spec") or {}
+    changed = [f for f in QUEUE_FIELDS if spec.get(f) != old_spec.get(f)]
+    if not changed:
+        return
+    phase = (old.get("status") or {}).get("phase")
+    if phase not in (None, "Pending"):
+        raise Refused(f"spec.{changed[0]} cannot change: the job is {phase}")
+    personal = [f for f in changed if f in ("tier", "member")]
+    if personal and not trusted:
+        raise Refused(f"user {caller.username} may not change spec.{personal[0]}: only trusted identities may")
+
+
+def validate_policy(spec: Mapping[str, Any]) -> None:
+    """A GpuPolicy must satisfy the core's invariant and bounds, and its admission rules must fit them."""
+    try:
+        parsed = GpuPolicySpec.model_validate(spec)
+    except ValidationError as err:
+        messages = [str((e.get("ctx") or {}).get("error") or e["msg"]) for e in err.errors()]
+        raise Refused("; ".join(messages)) from None
+    try:
+        parsed.admission.check_against(parsed.scoring())
+    except PolicyError as err:
+        raise Refused(str(err)) from None

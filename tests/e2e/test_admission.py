@@ -1,0 +1,171 @@
+"""The admission webhook on the real apiserver: caps, trusted tier and member, policy validation, and
+failing closed. Callers are impersonated with ``kubectl --as`` / ``--as-group``.
+
+The webhook configurations select this test's namespace by a label, so other tests never call it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpulane.admission.configuration import webhook_configurations
+
+from .operator_support import API, OperatorProcess, WebhookProcess, World
+from .support import Cluster, make_serving_cert
+
+pytestmark = pytest.mark.e2e
+
+USERS_GROUP = "gpulane-e2e-submitters"
+BRIDGE = "bridge"
+
+
+@pytest.fixture
+def admission(cluster: Cluster, world: World, tmp_path: Path) -> Iterator[WebhookProcess]:
+    """``gpulane webhook`` for this test's namespace, the RBAC its impersonated callers need, and a policy."""
+    tag = uuid.uuid4().hex[:6]
+    name = f"gpulane-e2e-{tag}"
+    cluster.kubectl("label", "namespace", world.namespace, f"gpulane.io/admission-test={tag}")
+    cluster.kubectl("create", "serviceaccount", BRIDGE, "-n", world.namespace)
+    rbac = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": [{"apiGroups": ["gpulane.io"], "resources": ["gpujobs"],
+                    "verbs": ["create", "get", "list", "update", "patch", "delete"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "Group", "name": USERS_GROUP, "apiGroup": "rbac.authorization.k8s.io"},
+                      {"kind": "ServiceAccount", "name": BRIDGE, "namespace": world.namespace}]},
+    ]  # fmt: skip
+    world.apply(*rbac)
+    world.model("sdxl")
+    tls = make_serving_cert(directory=tmp_path)
+    hook = WebhookProcess(cluster, tmp_path, tls).start()
+    configs = webhook_configurations(
+        url=f"https://127.0.0.1:{hook.port}",
+        ca_pem=tls.ca_pem,
+        namespace_selector={"gpulane.io/admission-test": tag},
+        name=name,
+    )
+    world.apply(*configs)
+    try:
+        yield hook
+    finally:
+        for kind in (
+            "mutatingwebhookconfiguration",
+            "validatingwebhookconfiguration",
+            "clusterrolebinding",
+            "clusterrole",
+        ):
+            cluster.kubectl("delete", kind, name, "--ignore-not-found")
+        cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
+        hook.stop()
+
+
+def policy(world: World, mode: str = "cap") -> None:
+    """Alice and bob are ordinary users (default cap 0); artists may use 100 and get tier pro; the
+    bridge's ServiceAccount is trusted and may go up to 1000."""
+    admission = {
+        "mode": mode,
+        "defaultCap": 0,
+        "rules": [
+            {"name": "artists", "groups": ["artists"], "maxPriority": 100, "tier": "pro"},
+            {"name": "bridge", "serviceAccounts": [f"{world.namespace}/{BRIDGE}"], "maxPriority": 1000},
+        ],
+        "trusted": {"serviceAccounts": [f"{world.namespace}/{BRIDGE}"]},
+    }
+    world.apply({"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"},
+                 "spec": {"admission": admission}})  # fmt: skip
+
+
+def submit(world: World, name: str, *as_: str, check: bool = True, **spec: Any) -> Any:
+    doc = world.job_doc(name, world.name("sdxl"), **spec)
+    return world.cluster.kubectl("apply", "-f", "-", *as_, input=yaml.safe_dump(doc), check=check)
+
+
+ALICE = ("--as", "alice", "--as-group", USERS_GROUP)
+
+
+def test_an_untrusted_users_priority_is_capped_with_a_warning(world: World, admission: WebhookProcess) -> None:
+    policy(world)
+    proc = submit(world, "greedy", *ALICE, priority=1000)
+    assert "priority 1000 capped to 0 for user alice (rule: default cap)" in proc.stderr
+    job = world.get("greedy")
+    assert job["spec"]["priority"] == 0
+    assert job["metadata"]["annotations"]["gpulane.io/requested-priority"] == "1000"
+    assert (job["spec"]["member"], job["spec"]["tier"]) == ("alice", "free")
+    alias = submit(world, "alias", *ALICE, priority="batch")
+    assert alias.stderr == "" and world.get("alias")["spec"]["priority"] == -100
+
+
+def test_in_reject_mode_an_over_cap_job_is_refused(world: World, admission: WebhookProcess) -> None:
+    policy(world, mode="reject")
+    proc = submit(world, "greedy", *ALICE, priority=1000, check=False)
+    assert proc.returncode != 0
+    assert "priority 1000 is above the cap 0 of user alice (rule: default cap)" in proc.stderr
+    assert world.cluster.kubectl("get", "gpujob", "greedy", "-n", world.namespace, check=False).returncode != 0
+
+
+def test_a_user_in_a_higher_group_gets_the_higher_cap_and_its_tier(world: World, admission: WebhookProcess) -> None:
+    policy(world)
+    proc = submit(world, "art", "--as", "bob", "--as-group", USERS_GROUP, "--as-group", "artists", priority=1000)
+    assert "capped to 100 for user bob (rule: artists)" in proc.stderr
+    spec = world.get("art")["spec"]
+    assert (spec["priority"], spec["tier"], spec["member"]) == (100, "pro", "bob")
+
+
+def test_only_trusted_identities_set_tier_and_member(world: World, admission: WebhookProcess) -> None:
+    policy(world)
+    tier = submit(world, "vip", *ALICE, tier="max", check=False)
+    assert tier.returncode != 0 and "may not choose tier 'max'" in tier.stderr
+    member = submit(world, "impostor", *ALICE, member="carol", check=False)
+    assert member.returncode != 0 and "may not submit as member 'carol'" in member.stderr
+    bridge = f"system:serviceaccount:{world.namespace}:{BRIDGE}"
+    submit(world, "for-carol", "--as", bridge, member="carol", tier="max", priority=100)
+    spec = world.get("for-carol")["spec"]
+    assert (spec["member"], spec["tier"], spec["priority"]) == ("carol", "max", 100)
+
+
+def test_unknown_models_and_malformed_requests_are_refused(world: World, admission: WebhookProcess) -> None:
+    policy(world)
+    doc = world.job_doc("nowhere", "no-such-model")
+    proc = world.cluster.kubectl("apply", "-f", "-", *ALICE, input=yaml.safe_dump(doc), check=False)
+    assert proc.returncode != 0 and "no GpuModel named 'no-such-model'" in proc.stderr
+    bad = submit(world, "bad-request", *ALICE, request={"path": "/v1/chat/completions", "body": {"model": "x"}},
+                 check=False)  # fmt: skip
+    assert bad.returncode != 0 and "must carry 'messages'" in bad.stderr
+
+
+def test_a_broken_policy_is_refused_with_the_numbers(world: World, admission: WebhookProcess) -> None:
+    doc = {"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"}, "spec": {"bandSpacing": 20}}
+    proc = world.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert proc.returncode != 0
+    assert "bandSpacing 20 is too small" in proc.stderr and "2 + 10 = 12" in proc.stderr
+    rules = {"admission": {"rules": [{"name": "gods", "users": ["zeus"], "maxPriority": 5000}]}}
+    doc["spec"] = rules
+    proc = world.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc), check=False)
+    assert proc.returncode != 0 and "rule 'gods': cap 5000 is outside priorityBounds [-1000, 1000]" in proc.stderr
+
+
+def test_with_the_webhook_down_no_job_gets_in(world: World, admission: WebhookProcess) -> None:
+    policy(world)
+    admission.stop()
+    proc = submit(world, "sneaky", *ALICE, priority=1000, check=False)
+    assert proc.returncode != 0 and "failed calling webhook" in proc.stderr
+    listed = world.cluster.kubectl("get", "gpujobs", "-n", world.namespace, "-o", "json")
+    assert json.loads(listed.stdout)["items"] == []
+
+
+def test_the_operator_runs_what_the_webhook_admitted(
+    world: World, admission: WebhookProcess, operator: OperatorProcess
+) -> None:
+    policy(world)
+    world.lane()
+    submit(world, "capped", *ALICE, priority=1000)
+    running = world.wait_phase("capped", "Running")
+    assert running["score"]["priority"] == 0
