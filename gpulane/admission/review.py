@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpulane.admission.rules import AdmissionPolicy, Caller, grant
+from gpulane.admission.rules import AdmissionPolicy, Caller, Grant, grant
 from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority
@@ -57,6 +57,10 @@ def _text(value: object) -> str:
     return text if len(text) <= 64 else text[:61] + "..."
 
 
+def _over_cap(priority: int, caller: Caller, granted: Grant) -> str:
+    return f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
+
+
 def mutate_job(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPolicy, policy: Policy) -> Mutation:
     """On create: resolve the priority, cap it, and set member and tier from the caller's identity."""
     out = Mutation()
@@ -67,9 +71,7 @@ def mutate_job(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPoli
         out.spec["priority"] = priority
     if priority > granted.cap:
         if admission.mode == "reject":
-            raise Refused(
-                f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
-            )
+            raise Refused(_over_cap(priority, caller, granted))
         out.spec["priority"] = granted.cap
         out.annotations[REQUESTED_PRIORITY] = _text(raw)
         out.warnings.append(
@@ -115,9 +117,7 @@ def validate_job(
             raise Refused(f"no GpuModel named {spec.model!r}; create it first (kubectl get gpumodels)")
         priority = _priority(spec.priority)
         if priority > granted.cap:
-            raise Refused(
-                f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
-            )
+            raise Refused(_over_cap(priority, caller, granted))
     if spec.tier is not None:
         try:
             policy.bonus_for_tier(spec.tier)
