@@ -140,10 +140,15 @@ class WebhookProcess(GpulaneProcess):
         ]  # fmt: skip
 
     def ready(self) -> bool:
-        context = ssl.create_default_context(cadata=self.tls.ca_pem.decode())
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
-            context.wrap_socket(sock, server_hostname="127.0.0.1").close()
-        return True
+        return tls_ready(self.port, self.tls)
+
+
+def tls_ready(port: int, tls: ServingCert) -> bool:
+    """A TLS handshake with 127.0.0.1:port succeeds and its certificate chains to ``tls``'s CA."""
+    context = ssl.create_default_context(cadata=tls.ca_pem.decode())
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        context.wrap_socket(sock, server_hostname="127.0.0.1").close()
+    return True
 
 
 class World:

@@ -6,6 +6,7 @@ The webhook configurations select this test's namespace by a label, so other tes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
@@ -17,8 +18,8 @@ import yaml
 
 from gpulane.admission.configuration import webhook_configurations
 
-from .operator_support import API, OperatorProcess, WebhookProcess, World
-from .support import Cluster, make_serving_cert
+from .operator_support import API, OperatorProcess, WebhookProcess, World, free_port, tls_ready
+from .support import Cluster, ServingCert, make_serving_cert, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -26,11 +27,13 @@ USERS_GROUP = "gpulane-e2e-submitters"
 BRIDGE = "bridge"
 
 
-@pytest.fixture
-def admission(cluster: Cluster, world: World, tmp_path: Path) -> Iterator[WebhookProcess]:
-    """``gpulane webhook`` for this test's namespace, the RBAC its impersonated callers need, and a policy."""
-    tag = uuid.uuid4().hex[:6]
+@contextlib.contextmanager
+def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[None]:
+    """Webhook configurations calling 127.0.0.1:port for this test's namespace only, the RBAC its
+    impersonated callers need, and a model; all removed afterwards, with the GpuPolicy."""
+    tag = f"t{uuid.uuid4().hex[:6]}"  # a letter first: YAML must never read it as a number
     name = f"gpulane-e2e-{tag}"
+    cluster = world.cluster
     cluster.kubectl("label", "namespace", world.namespace, f"gpulane.io/admission-test={tag}")
     cluster.kubectl("create", "serviceaccount", BRIDGE, "-n", world.namespace)
     rbac = [
@@ -44,26 +47,31 @@ def admission(cluster: Cluster, world: World, tmp_path: Path) -> Iterator[Webhoo
     ]  # fmt: skip
     world.apply(*rbac)
     world.model("sdxl")
-    tls = make_serving_cert(directory=tmp_path)
-    hook = WebhookProcess(cluster, tmp_path, tls).start()
     configs = webhook_configurations(
-        url=f"https://127.0.0.1:{hook.port}",
+        url=f"https://127.0.0.1:{port}",
         ca_pem=tls.ca_pem,
         namespace_selector={"gpulane.io/admission-test": tag},
         name=name,
     )
     world.apply(*configs)
     try:
-        yield hook
+        yield
     finally:
-        for kind in (
-            "mutatingwebhookconfiguration",
-            "validatingwebhookconfiguration",
-            "clusterrolebinding",
-            "clusterrole",
-        ):
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration", "clusterrolebinding",
+                     "clusterrole"):  # fmt: skip
             cluster.kubectl("delete", kind, name, "--ignore-not-found")
         cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
+
+
+@pytest.fixture
+def admission(cluster: Cluster, world: World, tmp_path: Path) -> Iterator[WebhookProcess]:
+    """``gpulane webhook`` as its own process, installed for this test's namespace."""
+    tls = make_serving_cert(directory=tmp_path)
+    hook = WebhookProcess(cluster, tmp_path, tls).start()
+    try:
+        with admission_installed(world, hook.port, tls):
+            yield hook
+    finally:
         hook.stop()
 
 
@@ -161,11 +169,23 @@ def test_with_the_webhook_down_no_job_gets_in(world: World, admission: WebhookPr
     assert json.loads(listed.stdout)["items"] == []
 
 
-def test_the_operator_runs_what_the_webhook_admitted(
-    world: World, admission: WebhookProcess, operator: OperatorProcess
+def test_the_operator_can_host_the_webhook(
+    cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    policy(world)
-    world.lane()
-    submit(world, "capped", *ALICE, priority=1000)
-    running = world.wait_phase("capped", "Running")
-    assert running["score"]["priority"] == 0
+    operator.stop()  # one operator at a time: this test runs its own, with --webhook
+    tls = make_serving_cert(directory=tmp_path)
+    port = free_port()
+    serving = ["--webhook-host", "127.0.0.1", "--webhook-port", str(port)]
+    files = ["--cert-file", str(tls.cert_file), "--key-file", str(tls.key_file)]
+    hosted = OperatorProcess(cluster, tmp_path, "--webhook", *serving, *files).start()
+    try:
+        wait_until(lambda: tls_ready(port, tls), what="the hosted webhook's TLS port")
+        with admission_installed(world, port, tls):
+            policy(world)
+            world.lane()
+            proc = submit(world, "capped", *ALICE, priority=1000)
+            assert "capped to 0" in proc.stderr
+            running = world.wait_phase("capped", "Running")
+            assert running["score"]["priority"] == 0
+    finally:
+        hosted.stop()
