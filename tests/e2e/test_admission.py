@@ -19,7 +19,7 @@ import yaml
 from gpulane.admission.configuration import webhook_configurations
 
 from .operator_support import API, OperatorProcess, WebhookProcess, World, free_port, tls_ready
-from .support import Cluster, ServingCert, make_serving_cert, wait_until
+from .support import REPO, Cluster, ServingCert, make_serving_cert, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -28,9 +28,10 @@ BRIDGE = "bridge"
 
 
 @contextlib.contextmanager
-def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[None]:
-    """Webhook configurations calling 127.0.0.1:port for this test's namespace only, the RBAC its
-    impersonated callers need, and a model; all removed afterwards, with the GpuPolicy."""
+def callers_installed(world: World) -> Iterator[str]:
+    """Labels this test's namespace with a unique tag (yielded), gives the impersonated callers and the
+    bridge's ServiceAccount the right to submit GpuJobs, and creates a model; all removed afterwards,
+    with the GpuPolicy."""
     tag = f"t{uuid.uuid4().hex[:6]}"  # a letter first: YAML must never read it as a number
     name = f"gpulane-e2e-{tag}"
     cluster = world.cluster
@@ -47,20 +48,31 @@ def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[N
     ]  # fmt: skip
     world.apply(*rbac)
     world.model("sdxl")
-    configs = webhook_configurations(
-        url=f"https://127.0.0.1:{port}",
-        ca_pem=tls.ca_pem,
-        namespace_selector={"gpulane.io/admission-test": tag},
-        name=name,
-    )
-    world.apply(*configs)
     try:
-        yield
+        yield tag
     finally:
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration", "clusterrolebinding",
-                     "clusterrole"):  # fmt: skip
+        for kind in ("clusterrolebinding", "clusterrole"):
             cluster.kubectl("delete", kind, name, "--ignore-not-found")
         cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
+
+
+@contextlib.contextmanager
+def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[None]:
+    """Webhook configurations calling 127.0.0.1:port for this test's namespace only, with its callers."""
+    with callers_installed(world) as tag:
+        name = f"gpulane-e2e-{tag}"
+        configs = webhook_configurations(
+            url=f"https://127.0.0.1:{port}",
+            ca_pem=tls.ca_pem,
+            namespace_selector={"gpulane.io/admission-test": tag},
+            name=name,
+        )
+        world.apply(*configs)
+        try:
+            yield
+        finally:
+            for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+                world.cluster.kubectl("delete", kind, name, "--ignore-not-found")
 
 
 @pytest.fixture
@@ -189,3 +201,51 @@ def test_the_operator_can_host_the_webhook(
             assert running["score"]["priority"] == 0
     finally:
         hosted.stop()
+
+
+def test_the_optional_admission_policy_enforces_caps_without_a_webhook(world: World) -> None:
+    policy_doc, _shipped_binding = yaml.safe_load_all(
+        (REPO / "deploy" / "validating-admission-policy.yaml").read_text()
+    )
+    with callers_installed(world) as tag:
+        name = f"gpulane-caps-{tag}"
+        policy_doc["metadata"]["name"] = name
+        binding = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "paramRef": {"name": "default", "parameterNotFoundAction": "Deny"},
+                "matchResources": {"namespaceSelector": {"matchLabels": {"gpulane.io/admission-test": tag}}},
+            },
+        }
+        try:
+            policy(world)
+            world.apply(policy_doc, binding)
+            greedy = yaml.safe_dump(world.job_doc("greedy", world.name("sdxl"), priority=1000))
+            over = wait_until(  # a server-side dry run is a real CREATE through admission, and stores nothing
+                lambda: (
+                    (
+                        p := world.cluster.kubectl(
+                            "create", "--dry-run=server", "-f", "-", *ALICE, input=greedy, check=False
+                        )
+                    ).returncode
+                    != 0
+                    and p
+                ),
+                what="the admission policy to take effect",
+            )
+            assert "priority 1000 is above the cap of user alice (the highest of: 0)" in over.stderr
+            submit(world, "modest", *ALICE, priority="batch")
+            artist = submit(world, "art", "--as", "bob", "--as-group", USERS_GROUP, "--as-group", "artists",
+                            priority=100, tier="pro")  # fmt: skip
+            assert artist.returncode == 0
+            member = submit(world, "impostor", *ALICE, member="carol", check=False)
+            assert member.returncode != 0 and "may not submit as member carol" in member.stderr
+            bridge = f"system:serviceaccount:{world.namespace}:{BRIDGE}"
+            submit(world, "for-carol", "--as", bridge, member="carol", tier="max", priority=1000)
+        finally:
+            for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+                world.cluster.kubectl("delete", kind, name, "--ignore-not-found")
