@@ -24,8 +24,15 @@ OBJECT_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 # Longer than any GPU job should run; a larger value is a typo.
 MAX_RUN_SECONDS = 7 * 86400
 
-# Strings must be an alias or a whole number; the operator's strict parser decides the rest.
-PRIORITY_RULE = "type(self) == int || self in ['interactive', 'normal', 'batch'] || self.matches('^[+-]?[0-9]{1,18}$')"
+# Absolute bounds, kept by the apiserver itself even without the webhook; policies bound further.
+PRIORITY_LIMIT = 1_000_000
+PRIORITY_RULE = (
+    f"type(self) == int ? (self >= -{PRIORITY_LIMIT} && self <= {PRIORITY_LIMIT}) : "
+    "(self in ['interactive', 'normal', 'batch'] || self.matches('^[+-]?[0-9]{1,6}$'))"
+)
+PRIORITY_MESSAGE = (
+    f"priority must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}] or one of interactive, normal, batch"
+)
 
 Phase = Literal["Pending", "Dispatching", "Running", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
@@ -75,7 +82,7 @@ class GpuJobSpec(CamelModel):
                 *immutable("priority")["x-kubernetes-validations"],  # type: ignore[misc]
                 {
                     "rule": PRIORITY_RULE,
-                    "message": "priority must be an integer or one of interactive, normal, batch",
+                    "message": PRIORITY_MESSAGE,
                 },
             ]
         },

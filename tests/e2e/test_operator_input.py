@@ -24,7 +24,9 @@ def _refused(world: World, doc: dict) -> str:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ({"priority": "urgent"}, "priority must be an integer or one of interactive, normal, batch"),
+        ({"priority": "urgent"}, "or one of interactive, normal, batch"),
+        ({"priority": 10**7}, "priority must be an integer in [-1000000, 1000000]"),
+        ({"priority": "-99999999"}, "priority must be an integer in [-1000000, 1000000]"),
         ({"model": "Not_A_Name"}, "spec.model"),
         ({"maxRunSeconds": 0}, "spec.maxRunSeconds"),
         ({"maxRunSeconds": 10**9}, "spec.maxRunSeconds"),

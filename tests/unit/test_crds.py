@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from gpulane.api import crd
-from gpulane.api.resources import KINDS, PRIORITY_RULE, Kind
+from gpulane.api.resources import KINDS, PRIORITY_MESSAGE, PRIORITY_RULE, Kind
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 RENDERED = crd.render_all()
@@ -163,7 +163,7 @@ def test_gpujob_spec() -> None:
     assert priority["default"] == 0 and priority["x-kubernetes-int-or-string"] is True and "type" not in priority
     rules = {r["rule"]: r["message"] for r in priority["x-kubernetes-validations"]}
     assert rules["self == oldSelf"] == "priority is immutable"
-    assert rules[PRIORITY_RULE] == "priority must be an integer or one of interactive, normal, batch"
+    assert rules[PRIORITY_RULE] == PRIORITY_MESSAGE
     assert {"message": "spec.member is immutable", "rule": "has(self.spec.member) == has(oldSelf.spec.member)"} in root[
         "x-kubernetes-validations"
     ]
