@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the local control-plane tools (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
-# etcd, kwok, helm) from the pinned Go tool modules under hack/tools/*, into a cache directory outside the
-# repository. The cache directory is keyed by the pinned versions and a hash of the go.mod/go.sum files,
+# etcd, kwok, helm) and the real node's (kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr)
+# from the pinned Go tool modules under hack/tools/*, into a cache directory outside the repository. The cache directory is keyed by the pinned versions and a hash of the go.mod/go.sum files,
 # so a warm machine never rebuilds, and a version bump builds into a new directory.
 #
 #   hack/tools/build.sh            build whatever is missing, then print the bin directory
@@ -30,7 +30,8 @@ K8S_VERSION=$(modver kubernetes k8s.io/kubernetes)
 ETCD_VERSION=$(modver etcd go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver kwok sigs.k8s.io/kwok)
 HELM_VERSION=$(modver helm helm.sh/helm/v3)
-for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION; do
+CONTAINERD_VERSION=$(modver containerd github.com/containerd/containerd/v2)
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CONTAINERD_VERSION; do
   [[ -n ${!v} ]] || die "could not read $v from hack/tools/*/go.mod"
 done
 
@@ -38,11 +39,12 @@ command -v "$GO" >/dev/null 2>&1 || die "'$GO' not found: install Go ($(awk '/^g
 GO_VERSION=$("$GO" env GOVERSION)
 
 HASH=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum | { echo "recipe=$RECIPE"; cat; } | sha256sum | cut -c1-10)
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_${GO_VERSION}_${HASH}"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}_${GO_VERSION}_${HASH}"
 CACHE_ROOT=${GPULANE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulane/tools}
 KEYDIR="$CACHE_ROOT/$KEY"
 BINDIR="$KEYDIR/bin"
-BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok helm)
+BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok helm
+  kubelet kube-proxy containerd containerd-shim-runc-v2 ctr)
 
 missing() {
   local b out=()
@@ -54,8 +56,8 @@ case "${1:-}" in
   --bindir) echo "$BINDIR"; exit 0 ;;
   --check) [[ -z "$(missing)" ]]; exit $? ;;
   --versions)
-    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ngo %s\nkey %s\n' \
-      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$GO_VERSION" "$KEY"
+    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ngo %s\nkey %s\n' \
+      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$GO_VERSION" "$KEY"
     exit 0 ;;
   "") ;;
   *) die "unknown argument '$1' (use --bindir, --check or --versions)" ;;
@@ -78,7 +80,8 @@ gobuild() { # gobuild MODULE_DIR LDFLAGS PACKAGE... : build into the stage, then
   local dir=$1 ldflags=$2; shift 2
   echo ">> building $* (in hack/tools/$dir, -p $P)" >&2
   local t0=$SECONDS
-  (cd "$HERE/$dir" && "$GO" build -p "$P" -trimpath -buildvcs=false -ldflags "-s -w $ldflags" -o "$STAGE/" "$@") ||
+  (cd "$HERE/$dir" && "$GO" build -p "$P" -trimpath -buildvcs=false ${TAGS:+-tags "$TAGS"} -ldflags "-s -w $ldflags" \
+    -o "$STAGE/" "$@") ||
     die "go build failed in hack/tools/$dir for: $*"
   echo ">> built $* in $((SECONDS - t0))s" >&2
 }
@@ -91,17 +94,16 @@ publish() { # publish STAGED_NAME [FINAL_NAME]: move one finished binary into BI
 
 need() { local b; for b in "$@"; do [[ -x "$BINDIR/$b" ]] || return 0; done; return 1; }
 
-if need kube-apiserver kube-scheduler kube-controller-manager kubectl; then
+K8S_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kube-proxy)
+if need "${K8S_BINARIES[@]}"; then
   v=${K8S_VERSION#v}; major=${v%%.*}; rest=${v#*.}; minor=${rest%%.*}
   K8S_LDFLAGS=""
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
     K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$BUILD_DATE"
   done
-  gobuild kubernetes "$K8S_LDFLAGS" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
-  for b in kube-apiserver kube-scheduler kube-controller-manager kubectl; do publish "$b"; done
+  gobuild kubernetes "$K8S_LDFLAGS" "${K8S_BINARIES[@]/#/k8s.io/kubernetes/cmd/}"
+  for b in "${K8S_BINARIES[@]}"; do publish "$b"; done
 fi
 if need etcd; then
   gobuild etcd "" go.etcd.io/etcd/server/v3
@@ -117,8 +119,17 @@ if need helm; then
   publish helm
 fi
 
+if need containerd containerd-shim-runc-v2 ctr; then
+  # The graph drivers that need cgo or kernel features absent here are left out (overlayfs is kept).
+  TAGS="no_btrfs no_devmapper no_zfs" gobuild containerd \
+    "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION -X github.com/containerd/containerd/v2/version.Revision=module" \
+    github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr
+  for b in containerd containerd-shim-runc-v2 ctr; do publish "$b"; done
+fi
+
 m=$(missing)
 [[ -z "$m" ]] || die "build finished but these binaries are missing from $BINDIR: $m"
-printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ngo %s\nbuilt %s\n' "$K8S_VERSION" "$ETCD_VERSION" \
-  "$KWOK_VERSION" "$HELM_VERSION" "$GO_VERSION" "$BUILD_DATE" > "$KEYDIR/VERSIONS"
+printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ngo %s\nbuilt %s\n' "$K8S_VERSION" "$ETCD_VERSION" \
+  "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$GO_VERSION" "$BUILD_DATE" > "$KEYDIR/VERSIONS"
 echo "$BINDIR"

@@ -1,0 +1,72 @@
+"""gpulane's local Kubernetes cluster for development and the e2e suite (see docs/development.md).
+
+Modules, one concern each: ``layout`` (settings, ports, paths), ``pki``, ``processes``, ``health``,
+``state`` (the record and the lock), ``control_plane``, ``cluster`` (up/release/down/status) and ``cli``.
+``hack/gpulane_cluster.py`` re-exports this API under the name the tests and benchmarks import.
+"""
+
+from __future__ import annotations
+
+from .cli import main
+from .cluster import down, release, running, status, up
+from .control_plane import component_health, ensure_gpu_node, gpu_node_manifest, node_ready
+from .errors import ClusterError, Log
+from .health import api_request, http_get, wait_for
+from .layout import (
+    BINARIES,
+    COMPONENTS,
+    GPU_NODE,
+    GPU_RESOURCE,
+    POD_CIDR,
+    SERVICE_CIDR,
+    Layout,
+    Ports,
+    default_ports,
+    default_state_dir,
+    missing_binaries,
+    tools_bindir,
+)
+from .pki import generate_pki, issue_cert, new_ca, new_key, write_kubeconfig
+from .processes import Proc, proc_alive, start_process, stop_process, tail
+from .state import ClusterInfo
+
+__all__ = [
+    "BINARIES",
+    "COMPONENTS",
+    "GPU_NODE",
+    "GPU_RESOURCE",
+    "POD_CIDR",
+    "SERVICE_CIDR",
+    "ClusterError",
+    "ClusterInfo",
+    "Layout",
+    "Log",
+    "Ports",
+    "Proc",
+    "api_request",
+    "component_health",
+    "default_ports",
+    "default_state_dir",
+    "down",
+    "ensure_gpu_node",
+    "generate_pki",
+    "gpu_node_manifest",
+    "http_get",
+    "issue_cert",
+    "main",
+    "missing_binaries",
+    "new_ca",
+    "new_key",
+    "node_ready",
+    "proc_alive",
+    "release",
+    "running",
+    "start_process",
+    "status",
+    "stop_process",
+    "tail",
+    "tools_bindir",
+    "up",
+    "wait_for",
+    "write_kubeconfig",
+]

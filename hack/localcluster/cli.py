@@ -1,0 +1,50 @@
+"""The command line: `python hack/gpulane_cluster.py up|down|status|env`."""
+
+from __future__ import annotations
+
+import argparse
+
+from .cluster import down, status, up
+from .errors import ClusterError, stderr_log
+from .layout import Layout, default_state_dir, tools_bindir
+
+USAGE = """gpulane's local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager
+and kwok (simulating the GPU node ``gpu-0``), all on 127.0.0.1, built from the pinned Go modules in
+hack/tools (see docs/development.md).
+
+    python hack/gpulane_cluster.py up       start it (idempotent); prints `export KUBECONFIG=...`
+    python hack/gpulane_cluster.py status   show the components and their health
+    python hack/gpulane_cluster.py down     stop exactly the processes `up` started, remove the state
+    python hack/gpulane_cluster.py env      print `export KUBECONFIG=...` and the tools' PATH
+
+Environment:
+    GPULANE_CLUSTER_DIR        state directory (default ${XDG_STATE_HOME:-~/.local/state}/gpulane/cluster)
+    GPULANE_CLUSTER_PORT_BASE  ports are BASE+443 (apiserver), +379/+380 (etcd), +259 (scheduler),
+                               +257 (controller-manager), +247 (kwok); default 16000
+    GPULANE_TOOLS_BIN          directory holding the binaries (default: `hack/tools/build.sh --bindir`)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "up":
+            info = up()
+            print(f"export KUBECONFIG={info.kubeconfig}")
+            print(f'export PATH="{info.bindir}:$PATH"')
+        elif args.command == "down":
+            down()
+        elif args.command == "status":
+            ok, text = status()
+            print(text)
+            return 0 if ok else 1
+        else:
+            layout = Layout(default_state_dir())
+            print(f"export KUBECONFIG={layout.kubeconfig}")
+            print(f'export PATH="{tools_bindir()}:$PATH"')
+    except ClusterError as exc:
+        stderr_log(f"error: {exc}")
+        return 1
+    return 0
