@@ -10,6 +10,8 @@ from gpulane.admission.main import add_arguments as add_webhook_arguments
 from gpulane.admission.main import add_config_arguments as add_webhook_config_arguments
 from gpulane.admission.main import run as run_webhook
 from gpulane.admission.main import run_config as run_webhook_config
+from gpulane.bridge.main import add_arguments as add_bridge_arguments
+from gpulane.bridge.main import run as run_bridge
 from gpulane.core.policy import PolicyError
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
@@ -88,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     op = commands.add_parser("operator", help="run the Kubernetes operator (kopf) against the current cluster")
     add_operator_arguments(op)
     op.set_defaults(run=run_operator)
+    bridge = commands.add_parser("bridge", help="run the OpenAI-compatible bridge: API calls become GpuJobs")
+    add_bridge_arguments(bridge)
+    bridge.set_defaults(run=run_bridge)
     hook = commands.add_parser(
         "webhook", help="run the admission webhook alone (priority caps, trusted tier and member)"
     )

@@ -37,7 +37,7 @@ from gpulane.core.events import (
 from gpulane.core.explain import describe_dispatch
 from gpulane.core.jobs import Job, ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
-from gpulane.operator.kube import Conflict, Gone, Kube
+from gpulane.operator.kube import EXECUTOR_LABEL, Conflict, Gone, Kube
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.pods import BACKEND_SELECTOR, PodState, pod_state
@@ -62,6 +62,8 @@ from gpulane.operator.translate import (
 log = logging.getLogger(__name__)
 
 ACTIVE = ("assigned", "running")
+EXECUTOR_LEASE = "gpulane.io/executor-lease"  # annotation naming the executor's Lease (same namespace)
+EXECUTOR_SELECTOR = f"{EXECUTOR_LABEL}=true"
 
 
 @dataclass
@@ -92,6 +94,7 @@ class JobView:
     finalizers: list[str] = field(default_factory=list)
     conditions: list[dict[str, Any]] = field(default_factory=list)
     generation: int | None = None
+    executor_lease: tuple[str, str] | None = None  # (namespace, name) of the Lease of whoever runs it
     woke_at: float | None = None  # when the event that let it dispatch arrived (latency metric)
     ending: bool = False  # a terminal write is in flight
     announced: bool = False  # the Dispatched Event was posted
@@ -124,6 +127,7 @@ class Controller:
         self.model_generations: dict[str, int | None] = {}
         self.lanes: dict[str, LaneRunner] = {}
         self.pods: dict[str, PodState] = {}  # lane -> its backend pod as last seen
+        self.leases: dict[tuple[str, str], float] = {}  # executor Lease -> when it expires
         self.ready = False
         self.metrics = Metrics(self.queue_snapshot)
         kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
@@ -157,21 +161,34 @@ class Controller:
         """Deadlines and load timeouts: one loop for all jobs, no per-object timers."""
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
-            now = self.clock()
-            for view in list(self.jobs.values()):
-                if (
-                    view.state == "running"
-                    and view.max_run is not None
-                    and view.started_at is not None
-                    and now - view.started_at > view.max_run
-                ):
-                    self.spawn(
-                        self.end_job(
-                            view, "Failed", "DeadlineExceeded", f"ran longer than maxRunSeconds={view.max_run}"
-                        )
-                    )
+            self.check_deadlines()
             for lane in self.lanes.values():
                 lane.kick()
+
+    def check_deadlines(self) -> None:
+        """Jobs past maxRunSeconds, and jobs whose executor's Lease expired (it died with the job)."""
+        now = self.clock()
+        for view in list(self.jobs.values()):
+            if view.state not in ACTIVE or view.ending:
+                continue
+            started, limit = view.started_at, view.max_run
+            if view.state == "running" and started is not None and limit is not None and now - started > limit:
+                message = f"ran longer than maxRunSeconds={limit}"
+                self.spawn(self.end_job(view, "Failed", "DeadlineExceeded", message))
+                continue
+            expiry = None if view.executor_lease is None else self.leases.get(view.executor_lease)
+            if expiry is not None and now > expiry:
+                lease = "/".join(view.executor_lease or ())
+                message = f"its executor's Lease {lease} expired {now - expiry:.0f}s ago: the executor is gone"
+                self.spawn(self.end_job(view, "Failed", "DataPlaneLost", message))
+
+    def lease_event(self, kind: str | None, body: Body) -> None:
+        """An executor's Lease: until when it vouches for the jobs it runs."""
+        meta, spec = body["metadata"], body.get("spec") or {}
+        key = (meta.get("namespace", ""), meta["name"])
+        renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime")) or 0.0
+        expiry = renewed + float(spec.get("leaseDurationSeconds") or 0)
+        self.leases[key] = self.clock() if kind == "DELETED" else expiry
 
     def apply(self, event: Event, woke_at: float | None = None) -> None:
         """Hand one event to the core and act on every decision it returns."""
@@ -275,6 +292,7 @@ class Controller:
             job=job,
             api_phase=status.get("phase"),
             max_run=spec.get("maxRunSeconds"),
+            executor_lease=_lease_of(meta),
             generation=meta.get("generation"),
             finalizers=list(meta.get("finalizers") or []),
             conditions=list(status.get("conditions") or []),
@@ -713,6 +731,8 @@ class Controller:
             self.policy_event(None, await self.kube.get_cluster("gpupolicies", "default"))
         for body in await self.kube.list_cluster("gpumodels"):
             self.model_event(None, body)
+        for body in await self.kube.list_leases(EXECUTOR_SELECTOR):
+            self.lease_event(None, body)
         for body in await self.kube.list_pods(BACKEND_SELECTOR):
             state = pod_state(body)
             if state is not None:
@@ -754,6 +774,11 @@ class Controller:
             view = self.jobs[key]
             if pod is None or pod.failed or pod.model != view.model:
                 self.spawn(self.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
+
+
+def _lease_of(meta: Body) -> tuple[str, str] | None:
+    name = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
+    return None if not name else (meta["namespace"], name)
 
 
 def _served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, float]]:

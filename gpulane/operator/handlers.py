@@ -13,7 +13,7 @@ import kopf
 
 from gpulane.api.resources import GROUP, VERSION
 from gpulane.operator import health
-from gpulane.operator.controller import Controller, Settings
+from gpulane.operator.controller import EXECUTOR_SELECTOR, Controller, Settings
 from gpulane.operator.kube import Kube, load_client
 from gpulane.operator.pods import BACKEND_SELECTOR
 from gpulane.operator.translate import Body
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.enabled = False  # gpulane posts its own Events, counted with its other writes
     settings.watching.label_selectors["", "pods"] = BACKEND_SELECTOR
+    settings.watching.label_selectors["coordination.k8s.io", "leases"] = EXECUTOR_SELECTOR
     settings.watching.server_timeout = 300
     kube = Kube(load_client(memo.get("kubeconfig")), memo.namespace)
     ctl = Controller(kube, Settings(**memo.settings))
@@ -71,6 +72,11 @@ async def lane_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(GROUP, VERSION, "gpupolicies")
 async def policy_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _ctl(memo).policy_event(event["type"], _body(event))
+
+
+@kopf.on.event("coordination.k8s.io", "v1", "leases")
+async def lease_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).lease_event(event["type"], _body(event))
 
 
 @kopf.on.event("", "v1", "pods")

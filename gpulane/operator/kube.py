@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import socket
 import uuid
 from collections.abc import Callable
@@ -25,6 +26,8 @@ Body = dict[str, Any]
 Patch = Body | list[Body]
 
 
+# Leases of executors (bridge replicas): a job they run is lost when their Lease expires.
+EXECUTOR_LABEL = "gpulane.io/executor"
 STATUS_WRITE_KINDS = {"gpulanes": "lane-status", "gpumodels": "model-status", "gpupolicies": "policy-status"}
 
 
@@ -53,6 +56,7 @@ class Kube:
         self.namespace = namespace  # where backend pods (and lane events) live
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.coordination = client.CoordinationV1Api(api)
         self.writes: collections.Counter[str] = collections.Counter()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self._instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -105,6 +109,10 @@ class Kube:
         )
         return body
 
+    async def list_leases(self, selector: str) -> list[Body]:
+        result = await self._call(self.coordination.list_lease_for_all_namespaces, label_selector=selector)
+        return [self._plain(lease) for lease in result.items]
+
     async def get_pod(self, name: str) -> Body:
         pod = await self._call(self.core.read_namespaced_pod, name, self.namespace)
         body: Body = self._plain(pod)
@@ -153,6 +161,37 @@ class Kube:
             patch,
         )
         return body
+
+    async def create_job(self, manifest: Body) -> Body:
+        namespace = manifest["metadata"]["namespace"]
+        body: Body = await self._write(
+            "job-create", self.custom.create_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", manifest
+        )
+        return body
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        await self._write("job-delete", self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace,
+                          "gpujobs", name)  # fmt: skip
+
+    async def apply_lease(self, name: str, holder: str, duration: int, now: float) -> None:
+        """Create or renew the Lease ``name`` in our namespace, held by ``holder``."""
+        stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
+        spec = client.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=duration, renew_time=stamp)
+        try:
+            await self._write("lease", self.coordination.patch_namespaced_lease, name, self.namespace,
+                              {"spec": self._plain(spec)})  # fmt: skip
+        except Gone:
+            meta = client.V1ObjectMeta(name=name, labels={EXECUTOR_LABEL: "true"})
+            body = client.V1Lease(
+                metadata=meta,
+                spec=client.V1LeaseSpec(
+                    holder_identity=holder, lease_duration_seconds=duration, renew_time=stamp, acquire_time=stamp
+                ),
+            )
+            await self._write("lease", self.coordination.create_namespaced_lease, self.namespace, body)
+
+    async def delete_lease(self, name: str) -> None:
+        await self._write("lease", self.coordination.delete_namespaced_lease, name, self.namespace)
 
     async def create_pod(self, manifest: Body) -> Body:
         pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)

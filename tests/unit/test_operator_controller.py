@@ -202,6 +202,10 @@ class FakeKube:
     async def get_pod(self, name: str) -> Body:
         return self._read("get_pod", f"pods/{self.namespace}/{name}")
 
+    async def list_leases(self, selector: str) -> list[Body]:
+        self.calls.append(Call("list_leases", selector))
+        return []
+
     async def list_pods(self, selector: str) -> list[Body]:
         self.calls.append(Call("list_pods", selector))
         wanted = dict(term.split("=", 1) for term in selector.split(","))
@@ -996,5 +1000,50 @@ def test_rebuild_adopts_a_running_job_the_policy_now_refuses():
         assert f"{NS}/r1" in ctl.jobs
         assert ctl.jobs[f"{NS}/next"].state == "pending"
         assert kube.calls_of("delete_pod") == []
+
+    asyncio.run(scenario())
+
+
+def test_a_job_whose_executor_lease_expires_fails_with_data_plane_lost():
+    async def scenario() -> None:
+        w = World()
+        lease = {"metadata": {"name": "bridge-a", "namespace": NS},
+                 "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 10}}  # fmt: skip
+        w.ctl.lease_event("ADDED", lease)
+        await w.warm()
+        body = job_body("call-1")
+        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "bridge-a"}
+        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        await w.reconcile()
+        assert w.phase("call-1") == "Running"
+
+        w.clock.now += 9  # still inside the Lease
+        await _one_tick(w)
+        assert w.phase("call-1") == "Running"
+
+        w.clock.now += 5  # the executor stopped renewing: its Lease ran out 4 s ago
+        await _one_tick(w)
+        job = w.kube.job("call-1")
+        assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "DataPlaneLost")
+        assert "Lease" in job["status"]["message"] and f"{NS}/call-1" not in w.ctl.jobs
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_executor_lease_fails_its_jobs_at_once():
+    async def scenario() -> None:
+        w = World()
+        lease = {"metadata": {"name": "bridge-b", "namespace": NS},
+                 "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 3600}}  # fmt: skip
+        w.ctl.lease_event("ADDED", lease)
+        await w.warm()
+        body = job_body("call-2")
+        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "bridge-b"}
+        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        await w.reconcile()
+        w.ctl.lease_event("DELETED", lease)
+        w.clock.now += 1
+        await _one_tick(w)
+        assert w.kube.job("call-2")["status"]["reason"] == "DataPlaneLost"
 
     asyncio.run(scenario())

@@ -1,0 +1,217 @@
+"""The bridge's one seam to the cluster: create a job, follow its phase and position, report its
+outcome, hold the executor Lease. ``JobQueue`` is the interface; ``KubeJobQueue`` puts it on GpuJobs.
+
+One watch per bridge replica follows all of its jobs (selected by a label) and fans their changes out
+to the calls waiting on them: no polling, and no watch per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from kubernetes import watch
+
+from gpulane.api.resources import API_VERSION, GROUP, TERMINAL_PHASES, VERSION
+from gpulane.operator.controller import EXECUTOR_LEASE
+from gpulane.operator.kube import Conflict, Gone, Kube
+from gpulane.operator.translate import format_time
+
+log = logging.getLogger(__name__)
+
+REPLICA_LABEL = "gpulane.io/bridge-replica"
+MODELS_TTL = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    model: str
+    priority: int
+    member: str
+    tier: str
+    max_run_seconds: int
+    key: str  # the API key's name, as a label for whoever reads the queue
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    phase: str | None
+    position: int | None = None
+    estimated_start: str | None = None
+    endpoint: str | None = None
+    reason: str | None = None
+    message: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+
+class JobQueue(Protocol):
+    async def models(self) -> set[str]: ...
+    async def submit(self, submission: Submission) -> str: ...
+    def follow(self, name: str) -> AsyncIterator[JobState]: ...
+    async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
+    async def cancel(self, name: str) -> None: ...
+
+
+def _state(obj: dict[str, Any]) -> JobState:
+    status = obj.get("status") or {}
+    return JobState(
+        phase=status.get("phase"),
+        position=status.get("position"),
+        estimated_start=status.get("estimatedStart"),
+        endpoint=status.get("endpoint"),
+        reason=status.get("reason"),
+        message=status.get("message"),
+    )
+
+
+class KubeJobQueue:
+    def __init__(self, kube: Kube, replica: str, lease_seconds: int = 10) -> None:
+        self.kube = kube
+        self.namespace = kube.namespace
+        self.replica = replica
+        self.lease = f"gpulane-bridge-{replica}"
+        self.lease_seconds = lease_seconds
+        self._waiters: dict[str, asyncio.Queue[JobState]] = {}
+        self._models: set[str] = set()
+        self._models_at = -MODELS_TTL
+        self._stop = threading.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ready = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.kube.apply_lease(self.lease, self.replica, self.lease_seconds, time.time())
+        loop = asyncio.get_running_loop()
+        thread = threading.Thread(target=self._watch, args=(loop,), name="bridge-watch", daemon=True)
+        thread.start()
+        self._tasks.append(asyncio.create_task(self._renew()))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Gone):
+            await self.kube.delete_lease(self.lease)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.kube.apply_lease(self.lease, self.replica, self.lease_seconds, time.time())
+            except Exception:
+                log.exception("renewing the executor Lease failed; retrying")
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        custom = self.kube.custom
+        selector = f"{REPLICA_LABEL}={self.replica}"
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    listed = cast(
+                        dict[str, Any],
+                        custom.list_namespaced_custom_object(
+                            GROUP, VERSION, self.namespace, "gpujobs", label_selector=selector
+                        ),
+                    )
+                    version = listed["metadata"]["resourceVersion"]
+                    for obj in listed["items"]:
+                        loop.call_soon_threadsafe(self._deliver, obj)
+                    self.ready = True
+                for event in watch.Watch().stream(  # type: ignore[no-untyped-call]
+                    custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, "gpujobs",
+                    label_selector=selector, resource_version=version, timeout_seconds=60,
+                ):  # fmt: skip
+                    obj = event["object"]
+                    version = obj["metadata"]["resourceVersion"]
+                    if event["type"] == "DELETED":
+                        obj = {**obj, "status": {**(obj.get("status") or {}), "phase": "Cancelled"}}
+                    loop.call_soon_threadsafe(self._deliver, obj)
+            except Exception as err:  # an expired version (410) or a dropped connection: list again
+                log.debug("job watch restarts: %s", err)
+                version = None
+                time.sleep(0.5)
+
+    def _deliver(self, obj: dict[str, Any]) -> None:
+        waiter = self._waiters.get(obj["metadata"]["name"])
+        if waiter is not None:
+            waiter.put_nowait(_state(obj))
+
+    # -- the seam -------------------------------------------------------------------------------
+
+    async def models(self) -> set[str]:
+        if time.monotonic() - self._models_at > MODELS_TTL:
+            self._models = {m["metadata"]["name"] for m in await self.kube.list_cluster("gpumodels")}
+            self._models_at = time.monotonic()
+        return self._models
+
+    async def submit(self, submission: Submission) -> str:
+        name = f"call-{uuid.uuid4().hex[:12]}"
+        self._waiters[name] = asyncio.Queue()
+        manifest = {
+            "apiVersion": API_VERSION,
+            "kind": "GpuJob",
+            "metadata": {
+                "name": name,
+                "namespace": self.namespace,
+                "labels": {REPLICA_LABEL: self.replica, "gpulane.io/api-key": submission.key},
+                "annotations": {EXECUTOR_LEASE: self.lease},
+            },
+            "spec": {
+                "model": submission.model,
+                "priority": submission.priority,
+                "member": submission.member,
+                "tier": submission.tier,
+                "maxRunSeconds": submission.max_run_seconds,
+            },
+        }
+        try:
+            await self.kube.create_job(manifest)
+        except BaseException:
+            self._waiters.pop(name, None)
+            raise
+        return name
+
+    async def follow(self, name: str) -> AsyncIterator[JobState]:
+        """The job's states as the watch sees them, until it runs or ends."""
+        waiter = self._waiters.setdefault(name, asyncio.Queue())
+        try:
+            while True:
+                state = await waiter.get()
+                yield state
+                if state.phase == "Running" or state.ended:
+                    return
+        finally:
+            self._waiters.pop(name, None)
+
+    async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
+        """The executor's outcome, through the status, only from Running (docs/job-lifecycle.md)."""
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": "/status/phase", "value": "Running"},
+            {"op": "replace", "path": "/status/phase", "value": "Succeeded" if succeeded else "Failed"},
+            {"op": "add", "path": "/status/finishedAt", "value": format_time(time.time())},
+        ]
+        if not succeeded:
+            patch += [
+                {"op": "add", "path": "/status/reason", "value": "UpstreamError"},
+                {"op": "add", "path": "/status/message", "value": (message or "the backend failed")[:1000]},
+            ]
+        with contextlib.suppress(Conflict, Gone):  # ended already (deadline, deletion): that outcome stands
+            await self.kube.patch_job_status(self.namespace, name, patch)
+
+    async def cancel(self, name: str) -> None:
+        """The client went away: deleting the job takes it out of the queue, or off its lane."""
+        self._waiters.pop(name, None)
+        with contextlib.suppress(Gone):
+            await self.kube.delete_job(self.namespace, name)
