@@ -22,7 +22,8 @@ JSON_PATHS = (
 )
 # Routed by the multipart form's "model" field.
 MULTIPART_PATHS = ("/v1/audio/transcriptions", "/v1/images/edits")
-_MODEL_FIELD = re.compile(rb'name="model"\r\n(?:[^\r\n]*\r\n)*\r\n([^\r\n]*)\r\n')
+# The "model" part of a multipart form: its header lines (never empty), a blank line, then its value.
+_MODEL_FIELD = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
 
 
 class CallError(Exception):

@@ -1,0 +1,103 @@
+"""The bridge's judgement of a call before anything is created: keys and identities, bodies and routes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from gpulane.bridge.calls import CallError, read_call
+from gpulane.bridge.keys import Denied, KeyRing, KeysError, KeysFile
+
+APP = {"name": "app", "key": "sk-app-000000", "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True}
+BOB = {"name": "bob", "sha256": hashlib.sha256(b"sk-bob-111111").hexdigest(), "member": "bob", "maxPriority": 0}
+
+
+def ring(anonymous: dict | None = None) -> KeyRing:
+    return KeyRing(KeysFile.model_validate({"keys": [APP, BOB], "anonymous": anonymous}))
+
+
+def test_a_key_maps_to_its_member_tier_and_capped_priority():
+    who = ring().identify("Bearer sk-bob-111111", {"X-LlamaSwap-Priority": "interactive"})
+    assert (who.key, who.member, who.tier, who.priority, who.requested) == ("bob", "bob", "free", 0, 100)
+
+
+@pytest.mark.parametrize(("header", "priority"), [(None, 0), ("garbage", 0), ("-100", -100), ("batch", -100),
+                                                  ("99999999999999999999999", 100), ("  50 ", 50)])  # fmt: skip
+def test_the_priority_header_is_parsed_leniently_and_capped(header, priority):
+    headers = {} if header is None else {"X-LlamaSwap-Priority": header}
+    assert ring().identify("Bearer sk-app-000000", headers).priority == priority
+
+
+def test_only_trusted_keys_speak_for_their_users():
+    who = ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Member": "carol", "X-LlamaSwap-Tier": "max"})
+    assert (who.member, who.tier) == ("carol", "max")
+    with pytest.raises(Denied) as err:
+        ring().identify("Bearer sk-bob-111111", {"X-LlamaSwap-Member": "carol"})
+    assert err.value.status == 403 and "may not set X-LlamaSwap-Member" in str(err.value)
+    # Naming oneself is no escalation.
+    assert ring().identify("Bearer sk-bob-111111", {"X-LlamaSwap-Member": "bob"}).member == "bob"
+
+
+def test_unknown_and_missing_keys_are_refused_unless_anonymous_access_is_configured():
+    for header in ("Bearer sk-wrong-key", "Basic abc", None):
+        with pytest.raises(Denied) as err:
+            ring().identify(header, {})
+        assert err.value.status == 401
+    anonymous = ring({"member": "guest", "maxPriority": -100}).identify(None, {"X-LlamaSwap-Priority": "100"})
+    assert (anonymous.key, anonymous.member, anonymous.priority) == ("anonymous", "guest", -100)
+
+
+def test_a_bad_keys_file_is_refused_with_where_and_why(tmp_path: Path):
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n- name: x\n  member: m\n")
+    with pytest.raises(KeysError, match="give exactly one of 'key' and 'sha256'"):
+        KeyRing.load(path)
+    path.write_text("keys: [unclosed")
+    with pytest.raises(KeysError, match="not YAML"):
+        KeyRing.load(path)
+    with pytest.raises(KeysError, match="No such file"):
+        KeyRing.load(tmp_path / "absent.yaml")
+
+
+def body(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def test_a_json_call_is_routed_by_its_model_and_mode():
+    call = read_call("/v1/chat/completions", "application/json", body(model="m", stream=True), 1000)
+    assert (call.model, call.stream) == ("m", True)
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "status", "message"),
+    [
+        ("/v1/chat/completions", b"{not json", 400, "not valid JSON"),
+        ("/v1/chat/completions", b"[1, 2]", 400, "must be a JSON object"),
+        ("/v1/chat/completions", body(messages=[]), 400, "'model' is required"),
+        ("/v1/chat/completions", body(model=7), 400, "'model' is required"),
+        ("/v1/chat/completions", body(model="m", stream="yes"), 400, "'stream' must be a boolean"),
+        ("/v1/fine_tuning/jobs", body(model="m"), 404, "unknown endpoint"),
+        ("/v1/chat/completions", b"x" * 2000, 413, "over the limit of 1000"),
+    ],
+)
+def test_bad_calls_are_refused_with_openai_errors(path, content, status, message):
+    with pytest.raises(CallError) as err:
+        read_call(path, "application/json", content, 1000)
+    assert err.value.status == status and message in str(err.value)
+    assert set(err.value.body()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_multipart_calls_are_routed_by_their_model_field():
+    form = (
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF\r\n--b--\r\n'
+    )
+    call = read_call("/v1/audio/transcriptions", "multipart/form-data; boundary=b", form, 10_000)
+    assert (call.model, call.stream) == ("whisper", False)
+    with pytest.raises(CallError, match="no 'model' field"):
+        read_call("/v1/images/edits", "multipart/form-data; boundary=b", b"--b--\r\n", 10_000)
+    with pytest.raises(CallError, match="takes multipart/form-data"):
+        read_call("/v1/images/edits", "application/json", body(model="m"), 10_000)
