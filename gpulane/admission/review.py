@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from gpulane.admission.rules import AdmissionPolicy, Caller, Grant, grant
 from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
 from gpulane.core.policy import Policy, PolicyError
-from gpulane.core.priority import resolve_priority
+from gpulane.core.priority import resolve_priority, shown
 
 REQUESTED_PRIORITY = "gpulane.io/requested-priority"
 # Fields that decide a job's place in the queue: fixed once the job has been dispatched.
@@ -53,7 +53,8 @@ def _priority(raw: object) -> int:
 
 
 def _text(value: object) -> str:
-    text = str(value)
+    """A caller's value in a message: short, and never an exception of its own (huge ints)."""
+    text = shown(value) if isinstance(value, int) and not isinstance(value, bool) else str(value)
     return text if len(text) <= 64 else text[:61] + "..."
 
 
@@ -126,7 +127,10 @@ def validate_job(
     if spec.request is not None:
         _check_request(spec.request.path, spec.request.body)
     if old is not None:
-        _check_update(raw_spec, old, caller, granted.trusted)
+        old_spec = _mapping(old.get("spec"))
+        if spec.priority != old_spec.get("priority") and _priority(spec.priority) > granted.cap:
+            raise Refused(_over_cap(_priority(spec.priority), caller, granted))
+        _check_update(raw_spec, old_spec, _mapping(old.get("status")), caller, granted.trusted)
 
 
 def _check_request(path: str, body: Mapping[str, Any]) -> None:
@@ -142,14 +146,19 @@ def _check_request(path: str, body: Mapping[str, Any]) -> None:
         raise Refused("spec.request.body.messages must be a list of objects, each with a 'role'")
 
 
-def _check_update(spec: Mapping[str, Any], old: Mapping[str, Any], caller: Caller, trusted: bool) -> None:
-    old_spec = old.get("spec") or {}
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _check_update(
+    spec: Mapping[str, Any], old_spec: Mapping[str, Any], old_status: Mapping[str, Any], caller: Caller, trusted: bool
+) -> None:
     changed = [f for f in QUEUE_FIELDS if spec.get(f) != old_spec.get(f)]
     if not changed:
         return
-    phase = (old.get("status") or {}).get("phase")
+    phase = old_status.get("phase")
     if phase not in (None, "Pending"):
-        raise Refused(f"spec.{changed[0]} cannot change: the job is {phase}")
+        raise Refused(f"spec.{changed[0]} cannot change: the job is {_text(phase)}")
     personal = [f for f in changed if f in ("tier", "member")]
     if personal and not trusted:
         raise Refused(f"user {caller.username} may not change spec.{personal[0]}: only trusted identities may")
@@ -160,7 +169,10 @@ def validate_policy(spec: Mapping[str, Any]) -> None:
     try:
         parsed = GpuPolicySpec.model_validate(spec)
     except ValidationError as err:
-        messages = [str((e.get("ctx") or {}).get("error") or e["msg"]) for e in err.errors()]
+        messages = []
+        for e in err.errors():
+            text = str((e.get("ctx") or {}).get("error") or e["msg"])
+            messages.append(f"spec.{'.'.join(str(p) for p in e['loc'])}: {text}" if e["loc"] else text)
         raise Refused("; ".join(messages)) from None
     try:
         parsed.admission.check_against(parsed.scoring())

@@ -3,7 +3,7 @@
 Rules are **additive**, like RBAC: a caller gets the highest cap and the best tier that any rule
 matching them grants, and the default cap when none matches. Adding a rule can therefore only widen
 what someone may do; nobody loses a grant because a more specific rule also matches them, and the
-answer never depends on the order of the rules. ``explain`` names the rule that decided, so every
+answer never depends on the order of the rules. ``Grant`` names the rule that decided, so every
 capped or refused job can say why.
 """
 
@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from gpulane.core.policy import CamelModel, Policy, PolicyError
+from gpulane.core.priority import shown
 
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
@@ -53,14 +54,19 @@ class AdmissionPolicy(CamelModel):
 
     def check_against(self, policy: Policy) -> None:
         """Tiers must exist in the scoring policy, and caps must lie inside its priority bounds."""
-        tiers = [self.default_tier, *(r.tier for r in self.rules if r.tier is not None)]
-        for tier in tiers:
-            policy.bonus_for_tier(tier)
+        tiers = [("defaultTier", self.default_tier), *((f"rule {r.name!r}", r.tier) for r in self.rules)]
+        for what, tier in tiers:
+            if tier is None:
+                continue
+            try:
+                policy.bonus_for_tier(tier)
+            except PolicyError as err:
+                raise PolicyError(f"admission {what}: {err}") from None
         low, high = policy.priority_bounds.min, policy.priority_bounds.max
         caps = [("defaultCap", self.default_cap), *((f"rule {r.name!r}", r.max_priority) for r in self.rules)]
         for what, cap in caps:
             if not low <= cap <= high:
-                raise PolicyError(f"admission {what}: cap {cap} is outside priorityBounds [{low}, {high}]")
+                raise PolicyError(f"admission {what}: cap {shown(cap)} is outside priorityBounds [{low}, {high}]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +107,7 @@ def grant(caller: Caller, admission: AdmissionPolicy, policy: Policy) -> Grant:
     """What ``caller`` may do: the best cap and tier over every matching rule (see the module doc)."""
     cap, cap_rule = admission.default_cap, "default cap"
     tier, tier_rule = admission.default_tier, "default tier"
-    for rule in admission.rules:
+    for rule in sorted(admission.rules, key=lambda r: r.name):  # ties go to the first name: order never matters
         if not caller.matches(rule):
             continue
         if rule.max_priority > cap:

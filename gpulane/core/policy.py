@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from gpulane.core.priority import band_of
+from gpulane.core.priority import band_of, shown
 
 # "Far larger": the band spacing must exceed the bounded offsets by this factor, so that
 # tier and affinity can only ever break near-ties inside a band (100 vs 2 + 10 passes).
@@ -29,7 +29,9 @@ class PriorityBounds(CamelModel):
     @model_validator(mode="after")
     def _ordered(self) -> PriorityBounds:
         if self.min > self.max:
-            raise PolicyError(f"priorityBounds.min ({self.min}) is greater than priorityBounds.max ({self.max})")
+            raise PolicyError(
+                f"priorityBounds.min ({shown(self.min)}) is greater than priorityBounds.max ({shown(self.max)})"
+            )
         return self
 
 
@@ -46,14 +48,16 @@ class Policy(CamelModel):
             raise PolicyError("tierBonus must name at least one tier")
         negative = {t: b for t, b in self.tier_bonus.items() if b < 0}
         if negative:
-            raise PolicyError(f"tier bonuses must be >= 0, got {negative}")
-        offsets = max(self.tier_bonus.values()) + self.affinity_bonus
+            listed = ", ".join(f"{t}: {shown(b)}" for t, b in negative.items())
+            raise PolicyError(f"tier bonuses must be >= 0, got {listed}")
+        largest = max(self.tier_bonus.values())
+        offsets = largest + self.affinity_bonus
         needed = SPACING_FACTOR * offsets
         if self.band_spacing < needed or self.band_spacing <= offsets:
             raise PolicyError(
-                f"bandSpacing {self.band_spacing} is too small: the largest tier bonus plus the affinity "
-                f"bonus is {max(self.tier_bonus.values())} + {self.affinity_bonus} = {offsets}, and the "
-                f"spacing must be at least {SPACING_FACTOR}x that ({needed}) so that tier and affinity "
+                f"bandSpacing {shown(self.band_spacing)} is too small: the largest tier bonus plus the affinity "
+                f"bonus is {shown(largest)} + {shown(self.affinity_bonus)} = {shown(offsets)}, and the "
+                f"spacing must be at least {SPACING_FACTOR}x that ({shown(needed)}) so that tier and affinity "
                 f"never lift a job over a higher band"
             )
         return self
@@ -74,6 +78,5 @@ class Policy(CamelModel):
             raise PolicyError(f"priority must be an integer, got {type(priority).__name__}")
         low, high = self.priority_bounds.min, self.priority_bounds.max
         if not low <= priority <= high:
-            shown = str(priority) if abs(priority) < 10**12 else f"{priority:.3e}"
-            raise PolicyError(f"priority {shown} is outside this policy's bounds [{low}, {high}]")
+            raise PolicyError(f"priority {shown(priority)} is outside this policy's bounds [{low}, {high}]")
         return priority

@@ -59,6 +59,13 @@ def resolve_priority(value: object) -> int:
     raise ValueError(f"priority must be an integer or one of {', '.join(ALIASES)}, got {type(value).__name__}")
 
 
+def shown(value: int) -> str:
+    """An integer for a message: in full when reasonable, else its order of magnitude (never a wall of digits)."""
+    if abs(value) < 10**12:
+        return str(value)
+    return f"{'-' if value < 0 else ''}about 10^{int(abs(value).bit_length() * 0.30103)}"
+
+
 def band_of(priority: int, spacing: int) -> int:
     """The band index of a priority: the nearest multiple of the spacing (halves round up).
 

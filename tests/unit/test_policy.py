@@ -59,7 +59,7 @@ def test_priorities_outside_the_bounds_are_refused_with_the_bounds():
     assert policy.check_priority(100) == 100
     with pytest.raises(PolicyError, match=r"priority 101 is outside this policy's bounds \[-200, 100\]"):
         policy.check_priority(101)
-    with pytest.raises(PolicyError, match=r"priority 1.000e\+18 is outside"):
+    with pytest.raises(PolicyError, match=r"priority about 10\^18 is outside"):
         policy.check_priority(10**18)
     with pytest.raises(PolicyError, match="must be an integer, got bool"):
         policy.check_priority(True)
