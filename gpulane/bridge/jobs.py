@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -21,7 +21,7 @@ from kubernetes import watch
 
 from gpulane.api.resources import API_VERSION, GROUP, TERMINAL_PHASES, VERSION
 from gpulane.operator.controller import EXECUTOR_LEASE
-from gpulane.operator.kube import Conflict, Gone, Kube
+from gpulane.operator.kube import Body, Conflict, Gone, Kube
 from gpulane.operator.translate import format_time
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,64 @@ def _state(obj: dict[str, Any]) -> JobState:
     )
 
 
+def watch_jobs(
+    kube: Kube,
+    namespace: str | None,
+    selector: str | None,
+    deliver: Callable[[str, dict[str, Any]], None],
+    stop: threading.Event,
+    listed: Callable[[], None] = lambda: None,
+) -> None:
+    """List, then watch GpuJobs (all namespaces when ``namespace`` is None) until ``stop``; call
+    ``deliver(event type, object)`` for each, listing again after an expired version or a dropped
+    connection. Runs in a thread: the official client's watch blocks."""
+    custom = kube.custom
+    if namespace is None:
+        lister: Callable[..., Any] = custom.list_cluster_custom_object
+        where: tuple[str, ...] = (GROUP, VERSION, "gpujobs")
+    else:
+        lister, where = custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "gpujobs")
+    options = {"label_selector": selector} if selector else {}
+    version: str | None = None
+    while not stop.is_set():
+        try:
+            if version is None:
+                items = cast(dict[str, Any], lister(*where, **options))
+                version = items["metadata"]["resourceVersion"]
+                for obj in items["items"]:
+                    deliver("ADDED", obj)
+                listed()
+            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
+                lister, *where, resource_version=version, timeout_seconds=60, **options
+            )
+            for event in stream:
+                version = event["object"]["metadata"]["resourceVersion"]
+                deliver(event["type"], event["object"])
+                if stop.is_set():
+                    return
+        except Exception as err:
+            log.debug("job watch restarts: %s", err)
+            version = None
+            time.sleep(0.5)
+
+
+def outcome_patch(succeeded: bool, message: str | None = None, result: dict[str, Any] | None = None) -> list[Body]:
+    """The executor's outcome (docs/job-lifecycle.md): only from Running, tested in the same patch."""
+    patch: list[Body] = [
+        {"op": "test", "path": "/status/phase", "value": "Running"},
+        {"op": "replace", "path": "/status/phase", "value": "Succeeded" if succeeded else "Failed"},
+        {"op": "add", "path": "/status/finishedAt", "value": format_time(time.time())},
+    ]
+    if not succeeded:
+        patch += [
+            {"op": "add", "path": "/status/reason", "value": "UpstreamError"},
+            {"op": "add", "path": "/status/message", "value": (message or "the backend failed")[:1000]},
+        ]
+    if result is not None:
+        patch.append({"op": "add", "path": "/status/result", "value": result})
+    return patch
+
+
 class KubeJobQueue:
     def __init__(self, kube: Kube, replica: str, lease_seconds: int = 10) -> None:
         self.kube = kube
@@ -113,35 +171,15 @@ class KubeJobQueue:
                 log.exception("renewing the executor Lease failed; retrying")
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        custom = self.kube.custom
-        selector = f"{REPLICA_LABEL}={self.replica}"
-        version: str | None = None
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    listed = cast(
-                        dict[str, Any],
-                        custom.list_namespaced_custom_object(
-                            GROUP, VERSION, self.namespace, "gpujobs", label_selector=selector
-                        ),
-                    )
-                    version = listed["metadata"]["resourceVersion"]
-                    for obj in listed["items"]:
-                        loop.call_soon_threadsafe(self._deliver, obj)
-                    self.ready = True
-                for event in watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, "gpujobs",
-                    label_selector=selector, resource_version=version, timeout_seconds=60,
-                ):  # fmt: skip
-                    obj = event["object"]
-                    version = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "DELETED":
-                        obj = {**obj, "status": {**(obj.get("status") or {}), "phase": "Cancelled"}}
-                    loop.call_soon_threadsafe(self._deliver, obj)
-            except Exception as err:  # an expired version (410) or a dropped connection: list again
-                log.debug("job watch restarts: %s", err)
-                version = None
-                time.sleep(0.5)
+        def deliver(kind: str, obj: dict[str, Any]) -> None:
+            if kind == "DELETED":  # gone while someone waits for it: to the waiter it ended
+                obj = {**obj, "status": {**(obj.get("status") or {}), "phase": "Cancelled"}}
+            loop.call_soon_threadsafe(self._deliver, obj)
+
+        watch_jobs(self.kube, self.namespace, f"{REPLICA_LABEL}={self.replica}", deliver, self._stop, self._listed)
+
+    def _listed(self) -> None:
+        self.ready = True
 
     def _deliver(self, obj: dict[str, Any]) -> None:
         waiter = self._waiters.get(obj["metadata"]["name"])
@@ -166,7 +204,7 @@ class KubeJobQueue:
                 "name": name,
                 "namespace": self.namespace,
                 "labels": {REPLICA_LABEL: self.replica, "gpulane.io/api-key": submission.key},
-                "annotations": {EXECUTOR_LEASE: self.lease},
+                "annotations": {EXECUTOR_LEASE: f"{self.namespace}/{self.lease}"},
             },
             "spec": {
                 "model": submission.model,
@@ -197,18 +235,8 @@ class KubeJobQueue:
 
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
         """The executor's outcome, through the status, only from Running (docs/job-lifecycle.md)."""
-        patch: list[dict[str, Any]] = [
-            {"op": "test", "path": "/status/phase", "value": "Running"},
-            {"op": "replace", "path": "/status/phase", "value": "Succeeded" if succeeded else "Failed"},
-            {"op": "add", "path": "/status/finishedAt", "value": format_time(time.time())},
-        ]
-        if not succeeded:
-            patch += [
-                {"op": "add", "path": "/status/reason", "value": "UpstreamError"},
-                {"op": "add", "path": "/status/message", "value": (message or "the backend failed")[:1000]},
-            ]
         with contextlib.suppress(Conflict, Gone):  # ended already (deadline, deletion): that outcome stands
-            await self.kube.patch_job_status(self.namespace, name, patch)
+            await self.kube.patch_job_status(self.namespace, name, outcome_patch(succeeded, message))
 
     async def cancel(self, name: str) -> None:
         """The client went away: deleting the job takes it out of the queue, or off its lane."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from aiohttp import web
 
 from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import KubeJobQueue
 from gpulane.bridge.keys import KeyRing, KeysError
 from gpulane.operator.kube import Kube, load_client
@@ -41,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued", type=int, default=defaults.max_queued)
     parser.add_argument("--max-queued-per-member", type=int, default=defaults.max_queued_per_member)
     parser.add_argument("--max-run-seconds", type=int, default=defaults.max_run_seconds)
+    parser.add_argument("--no-execute-manifests", dest="execute_manifests", action="store_false",
+                        help="do not run GpuJobs that carry spec.request (another replica or tool does)")  # fmt: skip
     parser.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -68,6 +71,9 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     queue = KubeJobQueue(kube, args.replica, args.lease_seconds)
     await queue.start()
     bridge = Bridge(queue, keys, settings)
+    executor = ManifestExecutor(kube, queue.lease, settings.endpoints)
+    if args.execute_manifests:
+        executor.start()
     # Handlers are cancelled when their client disconnects: that is how a queued or running call
     # learns to give its GPU back.
     runner = web.AppRunner(bridge.app(), handler_cancellation=True, access_log=None)
@@ -80,5 +86,6 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+    await executor.stop()
     await queue.stop()
     kube.close()

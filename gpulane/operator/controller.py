@@ -62,7 +62,7 @@ from gpulane.operator.translate import (
 log = logging.getLogger(__name__)
 
 ACTIVE = ("assigned", "running")
-EXECUTOR_LEASE = "gpulane.io/executor-lease"  # annotation naming the executor's Lease (same namespace)
+EXECUTOR_LEASE = "gpulane.io/executor-lease"  # annotation naming the executor's Lease: "namespace/name"
 EXECUTOR_SELECTOR = f"{EXECUTOR_LABEL}=true"
 
 
@@ -777,8 +777,12 @@ class Controller:
 
 
 def _lease_of(meta: Body) -> tuple[str, str] | None:
-    name = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
-    return None if not name else (meta["namespace"], name)
+    """The executor Lease a job names: ``namespace/name``, or ``name`` in the job's own namespace."""
+    value = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
+    if not value:
+        return None
+    namespace, _, name = value.rpartition("/")
+    return (namespace or meta["namespace"], name)
 
 
 def _served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, float]]:

@@ -193,6 +193,9 @@ class Kube:
     async def delete_lease(self, name: str) -> None:
         await self._write("lease", self.coordination.delete_namespaced_lease, name, self.namespace)
 
+    async def create_config_map(self, namespace: str, manifest: Body) -> None:
+        await self._write("configmap", self.core.create_namespaced_config_map, namespace, manifest)
+
     async def create_pod(self, manifest: Body) -> Body:
         pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)
         created: Body = self._plain(pod)
