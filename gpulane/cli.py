@@ -10,6 +10,8 @@ from gpulane.admission.main import add_arguments as add_webhook_arguments
 from gpulane.admission.main import add_config_arguments as add_webhook_config_arguments
 from gpulane.admission.main import run as run_webhook
 from gpulane.admission.main import run_config as run_webhook_config
+from gpulane.bridge.fake_server import add_arguments as add_fake_arguments
+from gpulane.bridge.fake_server import run as run_fake
 from gpulane.bridge.main import add_arguments as add_bridge_arguments
 from gpulane.bridge.main import run as run_bridge
 from gpulane.core.policy import PolicyError
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     bridge = commands.add_parser("bridge", help="run the OpenAI-compatible bridge: API calls become GpuJobs")
     add_bridge_arguments(bridge)
     bridge.set_defaults(run=run_bridge)
+    fake = commands.add_parser("fake-backend", help="an OpenAI-compatible fake model server (tests, demo)")
+    add_fake_arguments(fake)
+    fake.set_defaults(run=run_fake)
     hook = commands.add_parser(
         "webhook", help="run the admission webhook alone (priority caps, trusted tier and member)"
     )

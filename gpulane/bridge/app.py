@@ -32,6 +32,18 @@ log = logging.getLogger(__name__)
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
 
 
+NO_BUFFERING = {"X-Accel-Buffering": "no"}  # tells nginx-style proxies to pass chunks on at once
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Outcome:
+    """What became of a call's job: answered in full, and whether its outcome was written."""
+
+    answered: bool = False
+    written: bool = False
+
+
 @dataclass
 class BridgeSettings:
     max_body_bytes: int = 32 * 1024 * 1024
@@ -94,7 +106,7 @@ class Bridge:
 
     async def list_models(self, request: web.Request) -> web.Response:
         try:
-            self.keys.identify(request.headers.get("Authorization"), dict(request.headers))
+            self.keys.identify(request.headers.get("Authorization"), request.headers)
         except Denied as err:
             return self._error(CallError(err.status, str(err), kind="authentication_error"))
         created = int(time.time())
@@ -119,7 +131,7 @@ class Bridge:
             raise CallError(413, f"request body is over the limit of {self.settings.max_body_bytes} bytes") from None
         call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes)
         try:
-            identity = self.keys.identify(request.headers.get("Authorization"), dict(request.headers))
+            identity = self.keys.identify(request.headers.get("Authorization"), request.headers)
         except Denied as err:
             kind = "authentication_error" if err.status == 401 else "permission_error"
             raise CallError(err.status, str(err), kind=kind) from None
@@ -149,6 +161,7 @@ class Bridge:
         name = await self.queue.submit(submission)
         headers["X-Gpulane-Job"] = name
         response: web.StreamResponse | None = None
+        outcome = Outcome()
         try:
             state: JobState | None = None
             async for state in self.queue.follow(name):
@@ -166,10 +179,14 @@ class Bridge:
                 if state and state.message:
                     why += f": {state.message}"
                 return await self._fail(response, CallError(503, why, kind="server_error", retry_after=1))
-            return await self._proxy(request, call, name, state, headers, response)
+            return await self._proxy(request, call, name, state, headers, response, outcome)
         except asyncio.CancelledError:
-            # The client went away: its job leaves the queue, or its lane (freeing the GPU at once).
-            await asyncio.shield(self.queue.cancel(name))
+            # The client went away: its job leaves the queue, or its lane (freeing the GPU at once),
+            # unless it left only after the whole answer.
+            if outcome.answered and not outcome.written:
+                await self._finish(outcome, name, True)
+            elif not outcome.written:
+                await asyncio.shield(self.queue.cancel(name))
             raise
         finally:
             if queued:
@@ -177,7 +194,7 @@ class Bridge:
                 self.metrics.queued.dec()
 
     async def _start_events(self, request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
-        events = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        events = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **NO_BUFFERING}
         response = web.StreamResponse(status=200, headers={**headers, **events})
         await response.prepare(request)
         return response
@@ -191,11 +208,15 @@ class Bridge:
             await response.write_eof()
         return response
 
+    async def _finish(self, outcome: Outcome, name: str, ok: bool, message: str | None = None) -> None:
+        outcome.written = True
+        await asyncio.shield(self.queue.finish(name, ok, message))
+
     async def _proxy(self, request: web.Request, call: Call, name: str, state: JobState, headers: dict[str, str],
-                     response: web.StreamResponse | None) -> web.StreamResponse:  # fmt: skip
+                     response: web.StreamResponse | None, outcome: Outcome) -> web.StreamResponse:  # fmt: skip
         base = self.settings.endpoints.get(call.model) or state.endpoint
         if not base:
-            await self.queue.finish(name, False, "the job has no endpoint")
+            await self._finish(outcome, name, False, "the job has no endpoint")
             return await self._fail(
                 response, CallError(502, f"job {name} runs without an endpoint", kind="server_error")
             )
@@ -207,33 +228,31 @@ class Bridge:
                 data=call.body,
                 headers={"Content-Type": call.content_type, "Accept-Encoding": "identity"},
             ) as upstream:
+                failed = f"the backend answered {upstream.status}"
                 if response is None:
                     out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-                    response = web.StreamResponse(
-                        status=upstream.status, headers={**out, **headers, "X-Accel-Buffering": "no"}
-                    )
+                    response = web.StreamResponse(status=upstream.status, headers={**out, **headers, **NO_BUFFERING})
                     await response.prepare(request)
-                elif upstream.status >= 400:
+                elif upstream.status >= 400:  # the event stream has started: an error event is all that is left
                     text = (await upstream.read()).decode(errors="replace")[:500]
-                    await self.queue.finish(name, False, f"the backend answered {upstream.status}: {text}")
+                    await self._finish(outcome, name, False, f"{failed}: {text}")
                     return await self._fail(
-                        response,
-                        CallError(
-                            upstream.status, f"the backend answered {upstream.status}: {text}", kind="server_error"
-                        ),
+                        response, CallError(upstream.status, f"{failed}: {text}", kind="server_error")
                     )
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
+                    # A client may hang up as soon as it has the end of an event stream.
+                    outcome.answered = chunk.endswith(SSE_DONE)
+                outcome.answered = True
                 ok = upstream.status < 400
-                await self.queue.finish(name, ok, None if ok else f"the backend answered {upstream.status}")
+                await self._finish(outcome, name, ok, None if ok else failed)
         except (TimeoutError, OSError) as err:
-            if isinstance(err, ConnectionResetError) and request.transport is None:
-                raise asyncio.CancelledError from err  # the client left mid-stream
-            await self.queue.finish(name, False, f"the backend failed: {err}")
+            await self._finish(outcome, name, False, f"the backend failed: {err}")
             return await self._fail(response, CallError(502, f"the backend failed: {err}", kind="server_error"))
         self.metrics.upstream.observe(time.monotonic() - started)
         self.metrics.calls.labels(str(response.status)).inc()
-        await response.write_eof()
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
         return response
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,8 +104,9 @@ class KeyRing:
             problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
             raise KeysError(f"{path}: {problems}") from None
 
-    def identify(self, authorization: str | None, headers: dict[str, str]) -> Identity:
-        """The caller's identity from ``Authorization: Bearer KEY`` and the X-LlamaSwap headers."""
+    def identify(self, authorization: str | None, headers: Mapping[str, str]) -> Identity:
+        """The caller's identity from ``Authorization: Bearer KEY`` and the X-LlamaSwap headers
+        (``headers`` should be case-insensitive, as HTTP header names are)."""
         grant: Grant
         name = "anonymous"
         token = _bearer(authorization)

@@ -8,6 +8,7 @@ and observed through the API, never through the operator's internals.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import socket
 import ssl
@@ -41,6 +42,7 @@ class GpulaneProcess:
     """A ``gpulane`` command as its own process with the admin kubeconfig; its log is kept for failures."""
 
     name = "gpulane"
+    uses_cluster = True
 
     def __init__(self, cluster: Cluster, log_dir: Path, *extra: str) -> None:
         self.cluster = cluster
@@ -56,7 +58,9 @@ class GpulaneProcess:
         raise NotImplementedError
 
     def start(self) -> Self:
-        argv = [str(REPO / ".venv" / "bin" / "gpulane"), *self.argv(), "--kubeconfig", str(self.cluster.kubeconfig)]
+        argv = [str(REPO / ".venv" / "bin" / "gpulane"), *self.argv()]
+        if self.uses_cluster:
+            argv += ["--kubeconfig", str(self.cluster.kubeconfig)]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([*argv, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
         log.close()
@@ -149,6 +153,52 @@ def tls_ready(port: int, tls: ServingCert) -> bool:
     with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
         context.wrap_socket(sock, server_hostname="127.0.0.1").close()
     return True
+
+
+class BridgeProcess(GpulaneProcess):
+    """``gpulane bridge`` for one namespace, with a keys file and endpoint overrides; ready on /readyz."""
+
+    name = "bridge"
+
+    def __init__(self, cluster: Cluster, log_dir: Path, namespace: str, keys_file: Path, *extra: str) -> None:
+        super().__init__(cluster, log_dir, *extra)
+        self.namespace, self.keys_file = namespace, keys_file
+
+    def argv(self) -> list[str]:
+        return [
+            "bridge", "--namespace", self.namespace, "--keys-file", str(self.keys_file),
+            "--host", "127.0.0.1", "--port", str(self.port), "--replica", f"e2e-{self.port}",
+        ]  # fmt: skip
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/readyz", timeout=5) as resp:
+            return bool(resp.status == 200)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class FakeBackendProcess(GpulaneProcess):
+    """``gpulane fake-backend``: an OpenAI-compatible model server on 127.0.0.1, ready when /health is 200."""
+
+    name = "fake-backend"
+    uses_cluster = False
+
+    def argv(self) -> list[str]:
+        return ["fake-backend", "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
+            return bool(resp.status == 200)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/stats", timeout=5) as resp:
+            return dict(json.loads(resp.read()))
 
 
 class World:

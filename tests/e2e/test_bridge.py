@@ -1,0 +1,213 @@
+"""The OpenAI-compatible bridge with the real ``openai`` client: operator, bridge and a fake model server
+each as their own process, on the real control plane. Backend pods are kwok's and do not listen, so
+the bridge is told where each model's server is (its endpoint override), as the docs describe."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from .operator_support import BridgeProcess, FakeBackendProcess, OperatorProcess, World
+from .support import Cluster, wait_until
+
+pytestmark = pytest.mark.e2e
+
+APP_KEY = "sk-e2e-app-key-123"  # trusted: an application that serves its own users
+USER_KEY = "sk-e2e-user-key-456"  # an ordinary member, capped at normal priority
+
+
+@dataclass
+class Setup:
+    world: World
+    bridge: BridgeProcess
+    backend: FakeBackendProcess
+    model: str
+    lane: str
+
+    def client(self, key: str = USER_KEY, **headers: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.bridge.url}/v1", api_key=key, default_headers=headers, max_retries=0)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.world.custom.list_namespaced_custom_object(
+            "gpulane.io", "v1alpha1", self.world.namespace, "gpujobs"
+        )["items"]
+        return items
+
+
+@pytest.fixture
+def setup(cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path) -> Iterator[Setup]:
+    model = world.model("chat", ready_delay="1s")
+    lane = world.lane()
+    backend = FakeBackendProcess(cluster, tmp_path, "--model", model, "--chunks", "6", "--chunk-delay", "0.2").start()
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"keys": [
+        {"name": "app", "key": APP_KEY, "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True},
+        {"name": "bob", "key": USER_KEY, "member": "bob", "maxPriority": 0},
+    ]}))  # fmt: skip
+    bridge = BridgeProcess(cluster, tmp_path, world.namespace, keys, "--endpoint", f"{model}={backend.url}",
+                           "--lease-seconds", "3").start()  # fmt: skip
+    try:
+        yield Setup(world, bridge, backend, model, lane)
+    finally:
+        bridge.stop()
+        backend.stop()
+
+
+def test_chat_completions_through_the_bridge(setup: Setup) -> None:
+    answer = setup.client().chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "hello"}])
+    assert setup.model in answer.choices[0].message.content
+    [job] = setup.jobs()
+    assert job["status"]["phase"] == "Succeeded"
+    assert (job["spec"]["member"], job["spec"]["priority"]) == ("bob", 0)
+
+
+def test_streaming_chunks_arrive_one_by_one(setup: Setup) -> None:
+    stream = setup.client().chat.completions.create(
+        model=setup.model, messages=[{"role": "user", "content": "count"}], stream=True
+    )
+    arrivals = [time.monotonic() for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
+    assert len(arrivals) >= 5
+    assert arrivals[-1] - arrivals[0] >= 0.6, f"the chunks came in a burst: {arrivals}"
+    wait_until(lambda: setup.jobs()[0]["status"]["phase"] == "Succeeded", what="the job to succeed")
+
+
+def test_async_client_embeddings_images_and_models(setup: Setup) -> None:
+    async def calls() -> tuple[Any, Any, Any]:
+        client = openai.AsyncOpenAI(base_url=f"{setup.bridge.url}/v1", api_key=USER_KEY, max_retries=0)
+        embedding = await client.embeddings.create(model=setup.model, input=["a", "b"])
+        image = await client.images.generate(model=setup.model, prompt="a lane", n=1)
+        models = await client.models.list()
+        await client.close()
+        return embedding, image, models
+
+    embedding, image, models = asyncio.run(calls())
+    assert len(embedding.data) == 2 and embedding.data[0].embedding
+    assert image.data[0].b64_json
+    assert setup.model in [m.id for m in models.data]
+    assert {j["status"]["phase"] for j in setup.jobs()} == {"Succeeded"}
+
+
+def test_the_interactive_call_overtakes_the_batch_call(setup: Setup) -> None:
+    world = setup.world
+    world.job("blocker", setup.model, member="film")
+    world.wait_phase("blocker", "Running")
+    finished: list[str] = []
+
+    def call(name: str, priority: str) -> None:
+        client = setup.client(APP_KEY, **{"X-LlamaSwap-Priority": priority, "X-LlamaSwap-Member": name})
+        client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": name}])
+        finished.append(name)
+
+    batch = threading.Thread(target=call, args=("batch-user", "batch"))
+    batch.start()
+    wait_until(lambda: any(j["spec"]["member"] == "batch-user" for j in setup.jobs()), what="the batch job")
+    interactive = threading.Thread(target=call, args=("image-user", "interactive"))
+    interactive.start()
+    wait_until(lambda: any(j["spec"]["member"] == "image-user" for j in setup.jobs()), what="the interactive job")
+    world.complete("blocker")
+    batch.join(60)
+    interactive.join(60)
+    assert finished == ["image-user", "batch-user"]
+    priorities = {j["spec"]["member"]: j["spec"]["priority"] for j in setup.jobs()}
+    assert priorities["image-user"] == 100 and priorities["batch-user"] == -100
+
+
+def test_bad_calls_get_openai_errors_and_leave_no_job(setup: Setup) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        setup.client("sk-nobody-knows-this").chat.completions.create(model=setup.model, messages=[])
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        setup.client().chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.PermissionDeniedError, match="may not set X-LlamaSwap-Member"):
+        setup.client(USER_KEY, **{"X-LlamaSwap-Member": "carol"}).chat.completions.create(
+            model=setup.model, messages=[{"role": "user", "content": "x"}]
+        )
+    request = urllib.request.Request(
+        f"{setup.bridge.url}/v1/chat/completions", data=b"{not json", method="POST",
+        headers={"Authorization": f"Bearer {USER_KEY}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=10)
+    assert err.value.code == 400 and b'"type": "invalid_request_error"' in err.value.read()
+    assert setup.jobs() == []
+
+
+def test_a_capped_priority_is_reported_in_a_response_header(setup: Setup) -> None:
+    client = setup.client(USER_KEY, **{"X-LlamaSwap-Priority": "interactive"})
+    raw = client.chat.completions.with_raw_response.create(
+        model=setup.model, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert raw.headers["X-Gpulane-Priority-Capped"] == "100 -> 0 (key bob)"
+    assert setup.jobs()[0]["spec"]["priority"] == 0
+
+
+def test_a_client_that_leaves_frees_its_place_and_its_gpu(setup: Setup) -> None:
+    world = setup.world
+    world.job("blocker", setup.model, member="film")
+    world.wait_phase("blocker", "Running")
+    # Queued, then gone: its job leaves the queue.
+    client = setup.client()
+    with client.chat.completions.with_streaming_response.create(
+        model=setup.model, messages=[{"role": "user", "content": "x"}], stream=True
+    ) as response:
+        first = next(response.iter_lines())
+        assert first.startswith(": queued")
+    wait_until(lambda: [j["metadata"]["name"] for j in setup.jobs()] == ["blocker"], what="the queued job deleted")
+    world.complete("blocker")
+    # Running, then gone mid-stream: its job is cancelled and the lane takes the next one.
+    with client.chat.completions.with_streaming_response.create(
+        model=setup.model, messages=[{"role": "user", "content": "y"}], stream=True
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                break
+    world.job("next", setup.model, member="film")
+    assert world.wait_phase("next", "Running", timeout=30)
+
+
+def test_a_killed_bridge_frees_the_lane_within_its_lease(setup: Setup) -> None:
+    world = setup.world
+
+    def stream() -> None:
+        try:
+            chunks = setup.client().chat.completions.create(
+                model=setup.model, messages=[{"role": "user", "content": "long"}], stream=True
+            )
+            for _ in chunks:
+                pass
+        except openai.APIError:
+            pass  # the bridge died under it
+
+    threading.Thread(target=stream, daemon=True).start()
+    wait_until(lambda: [j for j in setup.jobs() if (j.get("status") or {}).get("phase") == "Running"],
+               what="the call running")  # fmt: skip
+    setup.bridge.kill()
+    [job] = setup.jobs()
+    lost = world.wait_phase(job["metadata"]["name"], "Failed", timeout=30)
+    assert lost["reason"] == "DataPlaneLost"
+    world.job("after", setup.model)
+    assert world.wait_phase("after", "Running")
+
+
+def test_a_manifest_job_with_a_request_is_executed_and_its_answer_stored(setup: Setup) -> None:
+    world = setup.world
+    body = {"model": setup.model, "messages": [{"role": "user", "content": "from kubectl"}]}
+    world.job("manifest", setup.model, request={"path": "/v1/chat/completions", "body": body})
+    done = world.wait_phase("manifest", "Succeeded", "Failed", timeout=60)
+    assert done["phase"] == "Succeeded", done
+    result = done["result"]
+    assert result["status"] == 200 and result["key"] == "response.json"
+    stored = world.core.read_namespaced_config_map(result["configMap"], world.namespace)
+    answer = json.loads(stored.data["response.json"])
+    assert "from kubectl" in answer["choices"][0]["message"]["content"]
+    assert stored.metadata.owner_references[0].name == "manifest", "deleting the job deletes its answer"
