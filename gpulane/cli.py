@@ -10,8 +10,8 @@ from gpulane.admission.main import add_arguments as add_webhook_arguments
 from gpulane.admission.main import add_config_arguments as add_webhook_config_arguments
 from gpulane.admission.main import run as run_webhook
 from gpulane.admission.main import run_config as run_webhook_config
-from gpulane.bridge.fake_server import add_arguments as add_fake_arguments
-from gpulane.bridge.fake_server import run as run_fake
+from gpulane.bridge.fake_backend import add_arguments as add_fake_arguments
+from gpulane.bridge.fake_backend import run as run_fake
 from gpulane.bridge.main import add_arguments as add_bridge_arguments
 from gpulane.bridge.main import run as run_bridge
 from gpulane.core.policy import PolicyError

@@ -245,14 +245,14 @@ class Bridge:
                     outcome.answered = chunk.endswith(SSE_DONE)
                 outcome.answered = True
                 ok = upstream.status < 400
-                await self._finish(outcome, name, ok, None if ok else failed)
         except (TimeoutError, OSError) as err:
             await self._finish(outcome, name, False, f"the backend failed: {err}")
             return await self._fail(response, CallError(502, f"the backend failed: {err}", kind="server_error"))
         self.metrics.upstream.observe(time.monotonic() - started)
         self.metrics.calls.labels(str(response.status)).inc()
         with contextlib.suppress(ConnectionError):
-            await response.write_eof()
+            await response.write_eof()  # the client has its answer before the outcome is written
+        await self._finish(outcome, name, ok, None if ok else failed)
         return response
 
 

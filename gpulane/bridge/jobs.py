@@ -22,6 +22,7 @@ from kubernetes import watch
 from gpulane.api.resources import API_VERSION, GROUP, TERMINAL_PHASES, VERSION
 from gpulane.operator.controller import EXECUTOR_LEASE
 from gpulane.operator.kube import Body, Conflict, Gone, Kube
+from gpulane.operator.status import FINALIZER
 from gpulane.operator.translate import format_time
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,8 @@ class KubeJobQueue:
                 "namespace": self.namespace,
                 "labels": {REPLICA_LABEL: self.replica, "gpulane.io/api-key": submission.key},
                 "annotations": {EXECUTOR_LEASE: f"{self.namespace}/{self.lease}"},
+                # Created with the operator's finalizer: one write less between dispatch and Running.
+                "finalizers": [FINALIZER],
             },
             "spec": {
                 "model": submission.model,

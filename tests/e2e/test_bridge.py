@@ -140,6 +140,7 @@ def test_bad_calls_get_openai_errors_and_leave_no_job(setup: Setup) -> None:
         urllib.request.urlopen(request, timeout=10)
     assert err.value.code == 400 and b'"type": "invalid_request_error"' in err.value.read()
     assert setup.jobs() == []
+    assert setup.backend.stats()["total"] == 0, "no refused call reached the backend"
 
 
 def test_a_capped_priority_is_reported_in_a_response_header(setup: Setup) -> None:

@@ -1,0 +1,147 @@
+"""The bridge's overhead against calling the fake backend directly, side by side in one run.
+
+    .venv/bin/python bench/bridge.py [--calls 200] [--streams 200]
+
+Starts the local control plane if none runs, then the operator, ``gpulane fake-backend`` and
+``gpulane bridge`` as their own processes, exactly as the end-to-end tests do. The model declares 256
+parallel slots, so calls never queue behind each other: what is measured is the bridge's own path
+(judge the call, create the GpuJob, wait for the operator to dispatch it on the warm pod, proxy, write
+the outcome).
+
+- overhead: ``--calls`` non-streaming chat calls, one at a time, alternately through the bridge and
+  straight to the backend; p50 and p99 of each, and of their difference.
+- first chunk: the same for streaming calls, to the first content chunk.
+- concurrency: ``--streams`` streaming clients at once through the bridge; errors, wall time, and the
+  bridge's peak memory (VmHWM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import openai
+import yaml
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.operator_support import BridgeProcess, FakeBackendProcess, OperatorProcess, World  # noqa: E402
+from tests.e2e.support import Cluster, localcluster  # noqa: E402
+
+KEY = "sk-bench-0000000000"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(statistics.median(values) * 1000, 1), "p99_ms": round(percentile(values, 0.99) * 1000, 1)}
+
+
+async def one(client: openai.AsyncOpenAI, model: str, stream: bool) -> float:
+    """Seconds to the whole answer, or to the first content chunk of a stream."""
+    t0 = time.perf_counter()
+    messages = [{"role": "user", "content": "bench"}]
+    if not stream:
+        await client.chat.completions.create(model=model, messages=messages)  # type: ignore[arg-type]
+        return time.perf_counter() - t0
+    first = None
+    chunks = await client.chat.completions.create(model=model, messages=messages, stream=True)  # type: ignore[arg-type]
+    async for chunk in chunks:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - t0
+    assert first is not None
+    return first
+
+
+async def side_by_side(bridge: str, backend: str, model: str, calls: int, stream: bool) -> dict[str, Any]:
+    via = openai.AsyncOpenAI(base_url=f"{bridge}/v1", api_key=KEY, max_retries=0)
+    direct = openai.AsyncOpenAI(base_url=f"{backend}/v1", api_key="x", max_retries=0)
+    through, straight = [], []
+    for _ in range(calls):
+        through.append(await one(via, model, stream))
+        straight.append(await one(direct, model, stream))
+    await via.close()
+    await direct.close()
+    overhead = [a - b for a, b in zip(through, straight, strict=True)]
+    return {"through_bridge": ms(through), "direct": ms(straight), "overhead": ms(overhead)}
+
+
+async def concurrent(bridge: str, model: str, streams: int) -> dict[str, Any]:
+    via = openai.AsyncOpenAI(base_url=f"{bridge}/v1", api_key=KEY, max_retries=0, timeout=300)
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(via, model, True) for _ in range(streams)), return_exceptions=True)
+    wall = time.perf_counter() - t0
+    await via.close()
+    errors = [repr(r) for r in results if isinstance(r, BaseException)]
+    firsts = [r for r in results if isinstance(r, float)]
+    return {"streams": streams, "errors": len(errors), "first_error": errors[0] if errors else None,
+            "wall_seconds": round(wall, 2), "first_chunk": ms(firsts) if firsts else None}  # fmt: skip
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=200)
+    args = parser.parse_args()
+    info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
+    cluster = Cluster(info, info.started)
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    cluster.kubectl("create", "namespace", "gpulane-system", check=False)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    namespace = f"bench-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    work = Path(tempfile.mkdtemp(prefix="gpulane-bench-bridge-"))
+    operator = OperatorProcess(cluster, work).start()
+    world = World(cluster, api, namespace)
+    procs: list[Any] = []
+    try:
+        model = world.model("bench", ready_delay="0s", maxConcurrency=256)
+        world.lane()
+        backend = FakeBackendProcess(cluster, work, "--model", model, "--chunks", "5", "--chunk-delay", "0.01").start()
+        keys = work / "keys.yaml"
+        keys.write_text(yaml.safe_dump({"keys": [{"name": "bench", "key": KEY, "member": "bench", "maxPriority": 0}]}))
+        bridge = BridgeProcess(cluster, work, namespace, keys, "--endpoint", f"{model}={backend.url}",
+                               "--max-queued-per-member", "1000").start()  # fmt: skip
+        procs = [bridge, backend]
+        asyncio.run(one(openai.AsyncOpenAI(base_url=f"{bridge.url}/v1", api_key=KEY), model, False))  # warm the pod
+        result = {
+            "non_streaming": asyncio.run(side_by_side(bridge.url, backend.url, model, args.calls, False)),
+            "first_chunk": asyncio.run(side_by_side(bridge.url, backend.url, model, args.calls, True)),
+            "concurrent": asyncio.run(concurrent(bridge.url, model, args.streams)),
+        }
+        assert bridge.proc is not None
+        result["bridge_peak_rss_mib"] = peak_rss_mib(bridge.proc.pid)
+    finally:
+        for proc in procs:
+            proc.stop()
+        world.cleanup()
+        operator.stop()
+        client.CoreV1Api(api).delete_namespace(namespace)
+    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
