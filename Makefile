@@ -16,8 +16,9 @@ help:
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make bench-operator - dispatch latency and 5,000 jobs on the local control plane"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
-	@echo "make tools     - build the local control plane's binaries once (see docs/development.md)"
-	@echo "make cluster-up / cluster-status / cluster-down - the local control plane with GPU node gpu-0"
+	@echo "make tools     - build the local control plane's and the real node's binaries once (see docs/development.md)"
+	@echo "make images    - the pause, Python base and gpulane images for the real node, without a registry"
+	@echo "make cluster-up / cluster-status / cluster-down - the local control plane with GPU node gpu-0 (NODE=real: and gpu-real)"
 	@echo "make e2e       - only the end-to-end tests against the local control plane"
 
 install: $(STAMP)

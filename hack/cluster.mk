@@ -1,9 +1,13 @@
 # Local control plane targets (issue 3; see docs/development.md).
 #
-#   make tools           build kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok
-#                        and helm from the pinned Go modules in hack/tools/* (once; cached outside the repo)
+#   make tools           build kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, etcd, kwok,
+#                        helm, kubelet, kube-proxy and containerd (+ shim, ctr) from the pinned Go modules in
+#                        hack/tools/* (once; cached outside the repo), after `make node-deps`
+#   make node-deps       install the real node's Debian packages (runc, CNI plugins, mmdebstrap, nftables)
+#   make images          the pause, Python base and gpulane images, without a registry (cached by content)
 #   make cluster-up      start etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok on
-#                        127.0.0.1 with a fake GPU node gpu-0 (idempotent)
+#                        127.0.0.1 with a fake GPU node gpu-0 (idempotent); NODE=real adds the real
+#                        kubelet node gpu-real (containerd + runc), as GPULANE_REAL_NODE=1 does
 #   make cluster-status  show what is running
 #   make cluster-down    stop exactly the processes cluster-up started and remove the state
 #   make e2e             run only the end-to-end tests (starts a cluster if none is up)
@@ -13,15 +17,23 @@
 # install target.
 
 CLUSTER_PY = $(BIN)/python hack/gpulane_cluster.py
+# `make cluster-up NODE=real` starts the real node too.
+CLUSTER_ENV = $(if $(filter real,$(NODE)),GPULANE_REAL_NODE=1)
 
-.PHONY: tools cluster-up cluster-down cluster-status e2e kind-up kind-down
+.PHONY: tools node-deps images cluster-up cluster-down cluster-status e2e kind-up kind-down
 
-tools:
+tools: node-deps
 	@hack/tools/build.sh >/dev/null
 	@echo "tools: $$(hack/tools/build.sh --bindir)" >&2
 
+node-deps:
+	@hack/node/deps.sh
+
+images: install tools
+	@$(CLUSTER_PY) images
+
 cluster-up: install tools
-	@$(CLUSTER_PY) up
+	@$(CLUSTER_ENV) $(CLUSTER_PY) up
 
 cluster-down: install
 	@$(CLUSTER_PY) down

@@ -1,12 +1,15 @@
 """gpulane's local Kubernetes cluster for development and the e2e suite (see docs/development.md).
 
 Modules, one concern each: ``layout`` (settings, ports, paths), ``pki``, ``processes``, ``health``,
-``state`` (the record and the lock), ``control_plane``, ``cluster`` (up/release/down/status) and ``cli``.
+``state`` (the record and the lock), ``control_plane``, ``node`` (the real kubelet node), ``host`` (what
+the node takes from the host and gives back), ``images`` (without a registry), ``cluster``
+(up/release/down/status) and ``cli``.
 ``hack/gpulane_cluster.py`` re-exports this API under the name the tests and benchmarks import.
 """
 
 from __future__ import annotations
 
+from . import host, images, node
 from .cli import main
 from .cluster import down, release, running, status, up
 from .control_plane import component_health, ensure_gpu_node, gpu_node_manifest, node_ready
@@ -51,12 +54,15 @@ __all__ = [
     "ensure_gpu_node",
     "generate_pki",
     "gpu_node_manifest",
+    "host",
     "http_get",
+    "images",
     "issue_cert",
     "main",
     "missing_binaries",
     "new_ca",
     "new_key",
+    "node",
     "node_ready",
     "proc_alive",
     "release",

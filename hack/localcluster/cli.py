@@ -6,6 +6,7 @@ import argparse
 
 from .cluster import down, status, up
 from .errors import ClusterError, stderr_log
+from .images import build_images
 from .layout import Layout, default_state_dir, tools_bindir
 
 USAGE = """gpulane's local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager
@@ -16,18 +17,21 @@ hack/tools (see docs/development.md).
     python hack/gpulane_cluster.py status   show the components and their health
     python hack/gpulane_cluster.py down     stop exactly the processes `up` started, remove the state
     python hack/gpulane_cluster.py env      print `export KUBECONFIG=...` and the tools' PATH
+    python hack/gpulane_cluster.py images   build the real node's images (cached by content)
 
 Environment:
     GPULANE_CLUSTER_DIR        state directory (default ${XDG_STATE_HOME:-~/.local/state}/gpulane/cluster)
     GPULANE_CLUSTER_PORT_BASE  ports are BASE+443 (apiserver), +379/+380 (etcd), +259 (scheduler),
                                +257 (controller-manager), +247 (kwok); default 16000
     GPULANE_TOOLS_BIN          directory holding the binaries (default: `hack/tools/build.sh --bindir`)
+    GPULANE_REAL_NODE=1        `up` also starts the real kubelet node gpu-real (containerd + runc)
+    GPULANE_IMAGES_CACHE       where `images` keeps its archives (default ~/.cache/gpulane/images)
 """
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "images"])
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -40,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             ok, text = status()
             print(text)
             return 0 if ok else 1
+        elif args.command == "images":
+            build_images(stderr_log)
         else:
             layout = Layout(default_state_dir())
             print(f"export KUBECONFIG={layout.kubeconfig}")

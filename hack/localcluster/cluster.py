@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
 
+from . import host, node
 from .control_plane import component_argv, ensure_gpu_node, healthy, node_ready
 from .errors import ClusterError, Log, stderr_log
 from .health import api_request, http_check, tls_context, wait_for
+from .images import Image, build_images
 from .layout import (
+    BINARIES,
     GPU_NODE,
     GPU_RESOURCE,
     STAGES_FILE,
@@ -27,31 +31,41 @@ from .state import ClusterInfo, info_from_record, live_users, load_record, locke
 
 
 def up(
-    log: Log = stderr_log, state_dir: Path | None = None, ports: Ports | None = None, user: int | None = None
+    log: Log = stderr_log,
+    state_dir: Path | None = None,
+    ports: Ports | None = None,
+    user: int | None = None,
+    real_node: bool | None = None,
 ) -> ClusterInfo:
     """Start the cluster, or return the running one (``started`` tells which). Raises ClusterError.
 
     ``user`` (a PID, e.g. a pytest session's) registers that process as a user of the cluster, so that
-    ``release`` does not stop the cluster under another live user."""
+    ``release`` does not stop the cluster under another live user. ``real_node`` (default: the
+    GPULANE_REAL_NODE environment variable) adds the real kubelet node gpu-real (node.py)."""
+    want_real = node.enabled() if real_node is None else real_node
     layout = Layout(state_dir or default_state_dir())
     with locked(layout.state):
         rec = load_record(layout)
         info: ClusterInfo | None = None
         if rec is not None:
             found = info_from_record(layout, rec)
-            ok, health = healthy(found, layout)
-            if ok and node_ready(layout, found.server)[0]:
+            if want_real and found.real_node and healthy(found, layout)[0]:
+                node.advertise_gpu(layout, found.server)  # the Node may have registered again since
+            ok, health = _health(found, layout)
+            if ok and bool(found.real_node) == want_real:
                 log(f"cluster already running (state {layout.state})")
                 info = found
             else:
-                bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good) or "node not ready"
+                bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good) or (
+                    f"it was started {'without' if want_real else 'with'} the real node"
+                )
                 log(f"found an unhealthy cluster in {layout.state} ({bad}); stopping it and starting afresh")
-                _teardown(layout, found.procs, log)
+                _teardown(layout, found, log)
         elif layout.state.exists():
             log(f"removing stale state in {layout.state} (no cluster record)")
             shutil.rmtree(layout.state)
         if info is None:
-            info = _start(layout, ports or default_ports(), log)
+            info = _start(layout, ports or default_ports(), log, want_real)
         if user is not None:
             register_user(layout, user)
         return info
@@ -76,7 +90,7 @@ def release(user: int, started: bool, log: Log = stderr_log, state_dir: Path | N
                 log(f"leaving the cluster running for its other users (pids {others})")
             return False
         if started or handover.exists():
-            _teardown(layout, info_from_record(layout, rec).procs, log)
+            _teardown(layout, info_from_record(layout, rec), log)
             return True
         return False
 
@@ -86,45 +100,84 @@ def _timed(log: Log, t0: float) -> Log:
     return lambda msg: log(f"[{time.monotonic() - t0:5.1f}s] {msg}")
 
 
-def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
+def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterInfo:
     bindir = tools_bindir()
-    missing = missing_binaries(bindir)
+    needed = BINARIES + (node.NODE_BINARIES if real_node else ())
+    missing = missing_binaries(bindir, needed)
     if missing:
         raise ClusterError(
             f"missing binaries in {bindir}: {', '.join(missing)}. Build them with `make tools` "
             "(hack/tools/build.sh; the first build takes a while, see docs/development.md)."
         )
+    if real_node:
+        node.check_prerequisites()
     for comp, comp_ports in ports.by_component().items():
         for port in comp_ports:
-            check_port_free(port, comp)
+            if comp != "kube-apiserver" or not real_node:
+                check_port_free(port, comp)
 
     t0 = time.monotonic()
     log = _timed(log, t0)
+    lock_fd = -1
+    images: list[Image] = []
+    if real_node:
+        images = build_images(log)  # before taking the host: a failed build leaves nothing to undo
+        lock_fd = host.claim(layout.state)
+        try:
+            _give_back_stale(log)
+        except BaseException:
+            os.close(lock_fd)
+            raise
     layout.state.mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(exist_ok=True)
-    generate_pki(layout.pki)
-    server = f"https://127.0.0.1:{ports.apiserver}"
-    write_kubeconfig(layout.kubeconfig, server, layout.pki, "admin")
-    for comp in ("kube-scheduler", "kube-controller-manager", "kwok"):
-        write_kubeconfig(layout.component_kubeconfig(comp), server, layout.pki, comp)
-    shutil.copyfile(STAGES_FILE, layout.state / "kwok-stages.yaml")
+    # With a real node the apiserver serves on the node bridge's address, which kube-proxy maps the
+    # `kubernetes` Service to, so in-cluster config works in pods.
+    address = host.BRIDGE_IP if real_node else "127.0.0.1"
+    server = f"https://{address}:{ports.apiserver}"
+    info = ClusterInfo(
+        layout.state,
+        layout.kubeconfig,
+        server,
+        bindir,
+        ports,
+        started=True,
+        real_node=node.REAL_NODE if real_node else None,
+    )
+    save_record(layout, info)
 
-    info = ClusterInfo(layout.state, layout.kubeconfig, server, bindir, ports, started=True)
-    argv = component_argv(layout, bindir, ports, "127.0.0.1", real_node=False)
-
-    def launch(comp: str) -> Proc:
-        proc = start_process(comp, argv[comp], layout.log(comp))
+    def launch(comp: str, argv: list[str], pass_fds: tuple[int, ...] = ()) -> Proc:
+        proc = start_process(comp, argv, layout.log(comp), pass_fds)
         info.procs.append(proc)
         save_record(layout, info)  # record each PID as soon as it exists, so `down` can always stop it
+        if real_node:
+            host.add_procs(info.procs)
         return proc
 
     try:
+        if real_node:
+            host.take(layout.state, log)
+            for port, what in ((ports.apiserver, "kube-apiserver"), (node.KUBELET_PORT, "kubelet")):
+                check_port_free(port, what, address)
+        generate_pki(
+            layout.pki,
+            extra_ips=(address,) if real_node else (),
+            extra_clients=node.CLIENTS if real_node else None,
+        )
+        write_kubeconfig(layout.kubeconfig, server, layout.pki, "admin")
+        clients = ("kube-scheduler", "kube-controller-manager", "kwok") + (
+            ("kubelet", "kube-proxy") if real_node else ()
+        )
+        for comp in clients:
+            write_kubeconfig(layout.component_kubeconfig(comp), server, layout.pki, comp)
+        shutil.copyfile(STAGES_FILE, layout.state / "kwok-stages.yaml")
+        argv = component_argv(layout, bindir, ports, address, real_node)
+
         log(f"starting etcd on 127.0.0.1:{ports.etcd_client}")
-        etcd = launch("etcd")
+        etcd = launch("etcd", argv["etcd"])
         wait_for("etcd /health", http_check(f"http://127.0.0.1:{ports.etcd_client}/health", etcd=True), 60, etcd)
         log("etcd is healthy")
         log(f"starting kube-apiserver on {server}")
-        apiserver = launch("kube-apiserver")
+        apiserver = launch("kube-apiserver", argv["kube-apiserver"])
         wait_for(
             "kube-apiserver /readyz",
             http_check(f"{server}/readyz", tls_context(layout)),
@@ -134,10 +187,10 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
         )
         log("kube-apiserver is ready")
         log("starting kube-controller-manager, kube-scheduler and kwok")
-        kcm = launch("kube-controller-manager")
-        sched = launch("kube-scheduler")
+        kcm = launch("kube-controller-manager", argv["kube-controller-manager"])
+        sched = launch("kube-scheduler", argv["kube-scheduler"])
         ensure_gpu_node(layout, server)
-        kwok = launch("kwok")
+        kwok = launch("kwok", argv["kwok"])
         insecure = tls_context(None)
         for proc, url in (
             (kcm, f"https://127.0.0.1:{ports.controller_manager}/healthz"),
@@ -154,19 +207,57 @@ def _start(layout: Layout, ports: Ports, log: Log) -> ClusterInfo:
             return code == 200, f"HTTP {code}"
 
         wait_for("ServiceAccount default/default (created by kube-controller-manager)", default_sa, 120, kcm)
+        if real_node:
+            log(f"starting the real node {node.REAL_NODE}: containerd, kubelet, kube-proxy")
+            node.start(layout, bindir, server, lock_fd, images, launch, log)
     except BaseException as exc:
         log(f"cluster start failed: {exc}\nstopping what was started; logs are kept in {layout.logs}")
-        _teardown(layout, info.procs, log, keep_logs=True)
+        if lock_fd >= 0:
+            os.close(lock_fd)
+            lock_fd = -1
+        _teardown(layout, info, log, keep_logs=True)
         raise
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)  # the node's processes hold it now
     log(f"cluster ready (state {layout.state}, logs {layout.logs})")
     return info
 
 
-def _teardown(layout: Layout, procs: list[Proc], log: Log, keep_logs: bool = False) -> None:
-    for proc in reversed(procs):
+def _give_back_stale(log: Log) -> None:
+    """A real node left by a killed run (its record survives in the host's run directory): undo it."""
+    stale = host.load_record()
+    if stale is not None:
+        log(f"host: giving back what a previous real node left (state dir {stale['state_dir']})")
+        left = host.give_back(stale, str(node.socket_path()), log)
+        if left:
+            raise ClusterError("could not clean up after a previous real node: " + "; ".join(left))
+
+
+def _give_back_own(layout: Layout, log: Log) -> None:
+    """Undo what this cluster's real node did to the host, once its processes are gone (they held the
+    lock; if another run holds it now, the host is that run's)."""
+    fd, holder = host.try_lock()
+    if fd is None:
+        log(f"host: the real-node lock is held by another run ({holder}); leaving the host to it")
+        return
+    try:
+        rec = host.load_record()
+        if rec is not None and Path(rec["state_dir"]) == layout.state:
+            left = host.give_back(rec, str(node.socket_path()), log)
+            if left:
+                log("host: could not remove: " + "; ".join(left))
+    finally:
+        host.unlock(fd)
+
+
+def _teardown(layout: Layout, info: ClusterInfo, log: Log, keep_logs: bool = False) -> None:
+    for proc in reversed(info.procs):
         if proc_alive(proc):
             log(f"stopping {proc.component} (pid {proc.pid})")
         stop_process(proc)
+    if info.real_node:
+        _give_back_own(layout, log)
     if not layout.state.exists():
         return
     if keep_logs:
@@ -192,7 +283,7 @@ def down(log: Log = stderr_log, state_dir: Path | None = None) -> bool:
                 return True
             log(f"no cluster at {layout.state}; nothing to stop")
             return False
-        _teardown(layout, info_from_record(layout, rec).procs, log)
+        _teardown(layout, info_from_record(layout, rec), log)
         log(f"cluster stopped; removed {layout.state}")
         return True
 
@@ -204,8 +295,8 @@ def running(state_dir: Path | None = None) -> ClusterInfo | None:
     if rec is None:
         return None
     info = info_from_record(layout, rec)
-    ok, _ = healthy(info, layout)
-    return info if ok and node_ready(layout, info.server)[0] else None
+    ok, _ = _health(info, layout)
+    return info if ok else None
 
 
 def status(state_dir: Path | None = None) -> tuple[bool, str]:
@@ -214,10 +305,21 @@ def status(state_dir: Path | None = None) -> tuple[bool, str]:
     if rec is None:
         return False, f"no cluster (state dir {layout.state})"
     info = info_from_record(layout, rec)
-    ok, health = healthy(info, layout)
+    ok, health = _health(info, layout)
     lines = [f"state:      {layout.state}", f"kubeconfig: {layout.kubeconfig}", f"server:     {info.server}"]
     lines += [f"{'ok  ' if good else 'FAIL'} {comp:24} {detail}" for comp, (good, detail) in health.items()]
-    node_ok, node_detail = node_ready(layout, info.server) if health["kube-apiserver"][0] else (False, "no apiserver")
-    lines.append(f"{'ok  ' if node_ok else 'FAIL'} {'node ' + GPU_NODE:24} {node_detail}")
+    if info.real_node and health["kube-apiserver"][0]:
+        lines.append("images:     " + ", ".join(node.image_names(info.bindir)))
     lines.append(f"logs:       {layout.logs}")
-    return ok and node_ok, "\n".join(lines)
+    return ok, "\n".join(lines)
+
+
+def _health(info: ClusterInfo, layout: Layout) -> tuple[bool, dict[str, tuple[bool, str]]]:
+    """Every component, then each node: (healthy, detail)."""
+    _, health = healthy(info, layout)
+    api_ok = health["kube-apiserver"][0]
+    health[f"node {GPU_NODE}"] = node_ready(layout, info.server) if api_ok else (False, "no apiserver")
+    if info.real_node:
+        health.update(node.component_health(info))
+        health[f"node {info.real_node}"] = node.node_status(layout, info.server) if api_ok else (False, "no apiserver")
+    return all(ok for ok, _ in health.values()), health

@@ -46,7 +46,7 @@ def reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def start_process(component: str, argv: list[str], log: Path) -> Proc:
+def start_process(component: str, argv: list[str], log: Path, pass_fds: tuple[int, ...] = ()) -> Proc:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         out.write(f"\n=== {datetime.datetime.now(datetime.UTC).isoformat()} starting: {' '.join(argv)}\n".encode())
@@ -58,6 +58,7 @@ def start_process(component: str, argv: list[str], log: Path) -> Proc:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            pass_fds=pass_fds,
         )
     st = proc_stat(child.pid)
     if st is None:
@@ -104,15 +105,15 @@ def port_owner(port: int) -> str:
     return out.stdout.strip()
 
 
-def check_port_free(port: int, component: str) -> None:
+def check_port_free(port: int, component: str, address: str = "127.0.0.1") -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((address, port))
         except OSError as exc:
             owner = port_owner(port)
             raise ClusterError(
-                f"port {port} on 127.0.0.1 (for {component}) is already in use ({exc.strerror})"
+                f"port {port} on {address} (for {component}) is already in use ({exc.strerror})"
                 + (f"; held by: {owner}" if owner else "")
                 + ". Stop whatever holds it, or choose other ports with GPULANE_CLUSTER_PORT_BASE"
                 + " (default 16000)."

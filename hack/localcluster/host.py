@@ -1,0 +1,243 @@
+"""The host resources a real node takes, and giving them back: the machine-wide lock (one real node per
+machine), the sysctls the kubelet changes, the node bridge, the fixed host paths the kubelet, containerd and
+libcni use whatever they are configured with, mounts, cgroups and netfilter tables.
+
+Everything taken is written to ``host.json`` in the lock's directory before it is taken, so that an `up`
+after a killed run (or a `down` without a state directory) can give it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import ClusterError, Log
+from .processes import Proc, proc_alive, stop_process
+
+RUN_DIR = Path(os.environ.get("GPULANE_NODE_RUN_DIR", "/run/gpulane-node"))
+# The node's sockets (containerd's, the kubelet's pod-resources and plugin sockets) live here rather than
+# in the state directory: a unix socket path is limited to 107 bytes, and a state directory may be long.
+RUNTIME_DIR = RUN_DIR / "node"
+BRIDGE = "gpulane0"
+BRIDGE_IP = "10.250.0.1"
+POD_SUBNET = "10.250.0.0/24"
+# The kubelet sets the first three at container-manager start (it has no mode that leaves them alone);
+# the CNI bridge plugin (isGateway) turns on forwarding; the rest are what kube-proxy may touch.
+SYSCTLS = (
+    "vm/overcommit_memory",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "net/ipv4/ip_forward",
+    "net/ipv4/conf/all/route_localnet",
+    "net/netfilter/nf_conntrack_max",
+)
+# Used by the kubelet, containerd (shim sockets) and libcni whatever their configured roots are.
+FIXED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/containerd")
+NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_NAME = "kubepods"
+
+
+def _record_path() -> Path:
+    return RUN_DIR / "host.json"
+
+
+def read_sysctls() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in SYSCTLS:
+        with contextlib.suppress(OSError):
+            out[name] = (Path("/proc/sys") / name).read_text().strip()
+    return out
+
+
+def write_sysctls(values: dict[str, str]) -> None:
+    for name, value in values.items():
+        path = Path("/proc/sys") / name
+        with contextlib.suppress(OSError):
+            if path.read_text().strip() != value:
+                path.write_text(value)
+
+
+def try_lock() -> tuple[int | None, str]:
+    """The machine-wide real-node lock's fd if it was free, else None and who holds it."""
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(RUN_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        return None, holder
+    return fd, ""
+
+
+def unlock(fd: int) -> None:
+    """Drop the lock and its directory once the host is given back (nothing of ours is left in /run)."""
+    with contextlib.suppress(OSError):
+        (RUN_DIR / "lock").unlink()
+        RUN_DIR.rmdir()
+    os.close(fd)
+
+
+def claim(state: Path) -> int:
+    """Take the machine-wide real-node lock and return its fd; the node's processes inherit it, so it is
+    held as long as any of them lives. Raises ClusterError naming the holder if another run has it."""
+    fd, holder = try_lock()
+    if fd is None:
+        raise ClusterError(
+            f"another real node runs on this machine ({holder}); only one can (fixed host paths, the bridge "
+            f"{BRIDGE}). Stop it with `GPULANE_CLUSTER_DIR=<its state dir> make cluster-down`."
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"state dir {state}, started by pid {os.getpid()}".encode(), 0)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def load_record() -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(_record_path().read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def save_record(rec: dict[str, Any]) -> None:
+    tmp = _record_path().with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=2))
+    tmp.replace(_record_path())
+
+
+def take(state: Path, log: Log) -> dict[str, Any]:
+    """Record what the host looks like, then create the node bridge. Call with the lock held."""
+    rec: dict[str, Any] = {
+        "state_dir": str(state),
+        "sysctls": read_sysctls(),
+        "created_paths": [p for p in FIXED_PATHS if not os.path.lexists(p)],
+        "procs": [],
+    }
+    save_record(rec)
+    _ip("link", "add", BRIDGE, "type", "bridge")
+    _ip("addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
+    _ip("link", "set", BRIDGE, "up")
+    saved = ", ".join(f"{k}={v}" for k, v in rec["sysctls"].items())
+    log(f"host: bridge {BRIDGE} {BRIDGE_IP}/24, sysctls saved ({saved})")
+    return rec
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise ClusterError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+
+
+def add_procs(procs: list[Proc]) -> None:
+    rec = load_record()
+    if rec is not None:
+        rec["procs"] = [p.__dict__ for p in procs]
+        save_record(rec)
+
+
+def mounts_under(prefixes: tuple[str, ...]) -> list[str]:
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if any(point == p or point.startswith(p.rstrip("/") + "/") for p in prefixes):
+            out.append(point)
+    return out
+
+
+def cgroup_dirs() -> list[Path]:
+    return [d for d in CGROUP_ROOT.glob(f"*/{CGROUP_NAME}") if d.is_dir()]
+
+
+def _kill_cgroup_procs() -> None:
+    for top in cgroup_dirs():
+        for procs in top.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+
+
+def _remove_cgroups() -> list[str]:
+    left = []
+    for top in cgroup_dirs():
+        # Children first: a cgroup directory can only be removed once it has no children.
+        children = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in [*children, top]:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            else:
+                left.append(str(d))
+    return left
+
+
+def shim_pids(socket: str) -> list[int]:
+    """containerd shims of our containerd: their command line names our socket (they outlive containerd)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if socket.encode() in argv:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def nft_tables() -> list[tuple[str, str]]:
+    if shutil.which("nft") is None:
+        return []
+    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False).stdout
+    found = {tuple(line.split()[1:3]) for line in out.splitlines() if line.startswith("table ")}
+    return [t for t in NFT_TABLES if t in found]
+
+
+def give_back(rec: dict[str, Any], socket: str, log: Log) -> list[str]:
+    """Undo everything ``take`` and the node did, from its record. Returns what could not be removed."""
+    node_dir = Path(rec["state_dir"]) / "node"
+    for p in reversed(rec.get("procs", [])):
+        stop_process(Proc(**p), timeout=10)
+    _kill_cgroup_procs()
+    for pid in shim_pids(socket):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    left: list[str] = []
+    prefixes = (str(node_dir), str(RUNTIME_DIR), *rec.get("created_paths", []), "/run/containerd", "/var/lib/kubelet")
+    for point in sorted(mounts_under(prefixes), key=len, reverse=True):
+        proc = subprocess.run(["umount", "-l", point], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            left.append(f"mount {point}: {proc.stderr.strip()}")
+    left += [f"cgroup {d}" for d in _remove_cgroups()]
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+    for family, table in nft_tables():
+        subprocess.run(["nft", "delete", "table", family, table], capture_output=True, check=False)
+    for path in [*rec.get("created_paths", []), str(RUNTIME_DIR)]:
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+            if os.path.lexists(path):
+                left.append(f"path {path}")
+    write_sysctls(rec.get("sysctls", {}))
+    with contextlib.suppress(FileNotFoundError):
+        _record_path().unlink()
+    log("host: bridge, mounts, cgroups, nft tables and host paths removed; sysctls restored")
+    return left
+
+
+def procs_alive(rec: dict[str, Any]) -> bool:
+    return any(proc_alive(Proc(**p)) for p in rec.get("procs", []))

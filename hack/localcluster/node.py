@@ -1,0 +1,317 @@
+"""The real node `gpu-real`: containerd (with runc and the CNI bridge), the kubelet and kube-proxy, joined to
+the local control plane. Opt-in (`make cluster-up NODE=real`, or GPULANE_REAL_NODE=1); `gpu-0` stays kwok's.
+
+Each setting below avoids an error seen on this machine kind; docs/development.md lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import host
+from .errors import ClusterError, Log
+from .health import api_request, http_check, http_get, wait_for
+from .images import PAUSE_IMAGE, Image, import_images
+from .layout import GPU_RESOURCE, Layout
+from .processes import Proc, proc_alive
+from .state import ClusterInfo
+
+REAL_NODE = "gpu-real"
+# Pods for the real node tolerate this; everything else (the kwok lanes' pods) never lands on it.
+TAINT = {"key": "gpulane.dev/real-node", "value": "true", "effect": "NoSchedule"}
+NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
+KUBELET_PORT = 10250
+KUBELET_HEALTHZ = 10248
+PROXY_HEALTHZ = 10256
+PROXY_METRICS = 10249
+CNI_BIN_DIR = "/usr/lib/cni"
+RUNC = "/usr/sbin/runc"
+
+# Client certificates the node needs (file stem: CN, O), added to the cluster's PKI.
+CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "kubelet": (f"system:node:{REAL_NODE}", ("system:nodes",)),  # the Node authorizer's identity
+    "kube-proxy": ("system:kube-proxy", ()),  # bound to system:node-proxier by the bootstrap policy
+    "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),  # logs, exec
+}
+
+
+def enabled() -> bool:
+    return os.environ.get("GPULANE_REAL_NODE", "") not in ("", "0")
+
+
+def socket_path() -> Path:
+    return host.RUNTIME_DIR / "containerd.sock"
+
+
+def ctr_command(bindir: Path) -> list[str]:
+    return [str(bindir / "ctr"), "--address", str(socket_path())]
+
+
+def check_prerequisites() -> None:
+    needed = (RUNC, f"{CNI_BIN_DIR}/bridge", f"{CNI_BIN_DIR}/host-local", f"{CNI_BIN_DIR}/loopback", "/usr/sbin/nft")
+    missing = [p for p in needed if not os.path.exists(p)]
+    if missing:
+        raise ClusterError(f"the real node needs {', '.join(missing)}: run `make node-deps` (Debian packages)")
+    if os.geteuid() != 0:
+        raise ClusterError("the real node needs root (cgroups, mounts, the bridge)")
+
+
+def _containerd_config(layout: Layout) -> str:
+    node = layout.node
+    return f"""version = 3
+root = "{node / "containerd" / "root"}"
+state = "{host.RUNTIME_DIR / "containerd"}"
+# NRI would open a socket under /var/run; nothing here uses it.
+disabled_plugins = ["io.containerd.nri.v1.nri"]
+
+[grpc]
+  address = "{socket_path()}"
+
+[ttrpc]
+  address = "{socket_path()}.ttrpc"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{node / "containerd" / "opt"}"
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  # Imported by `make images`; an image that is present is never pulled (no registry is reachable).
+  sandbox = "{PAUSE_IMAGE}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # No CAP_SYS_RESOURCE here: containerd may only raise oom_score_adj, never lower it.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  tolerate_missing_hugetlb_controller = true
+  disable_hugetlb_controller = true
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["{CNI_BIN_DIR}"]
+  conf_dir = "{node / "cni" / "net.d"}"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = "{RUNC}"
+  Root = "{node / "runc"}"
+  SystemdCgroup = false
+"""
+
+
+def _cni_config(layout: Layout) -> dict[str, Any]:
+    # A bridge that is the pods' gateway, no masquerade (no iptables needed); the host reaches pod IPs.
+    return {
+        "cniVersion": "1.0.0",
+        "name": "gpulane",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": host.BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": host.POD_SUBNET, "gateway": host.BRIDGE_IP, "rangeStart": "10.250.0.10"}]],
+                    "dataDir": str(layout.node / "cni" / "ipam"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
+
+
+def _kubelet_config(layout: Layout) -> dict[str, Any]:
+    node = layout.node
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # This host has hybrid cgroups, which count as v1: without this the kubelet refuses to run.
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "failSwapOn": False,
+        # Otherwise it adds KUBE-FIREWALL, KUBE-KUBELET-CANARY and KUBE-IPTABLES-HINT to the host's iptables.
+        "makeIPTablesUtilChains": False,
+        "address": host.BRIDGE_IP,
+        "port": KUBELET_PORT,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": KUBELET_HEALTHZ,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(layout.pki / "ca.crt")},
+        },
+        "authorization": {"mode": "Webhook"},
+        "containerRuntimeEndpoint": f"unix://{socket_path()}",
+        "podLogsDir": str(node / "pod-logs"),
+        "volumePluginDir": str(node / "volume-plugins"),
+        "registerWithTaints": [TAINT],
+        "nodeStatusUpdateFrequency": "4s",
+        # Imported images cannot be pulled again: never garbage-collect them, never evict for disk.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "serializeImagePulls": False,
+    }
+
+
+def write_configs(layout: Layout) -> None:
+    node = layout.node
+    (node / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
+    (node / "containerd").mkdir(parents=True, exist_ok=True)
+    (node / "containerd.toml").write_text(_containerd_config(layout))
+    (node / "cni" / "net.d" / "10-gpulane.conflist").write_text(json.dumps(_cni_config(layout), indent=2))
+    (node / "kubelet.yaml").write_text(yaml.safe_dump(_kubelet_config(layout), sort_keys=False))
+
+
+def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
+    node = layout.node
+    return {
+        "containerd": [str(bindir / "containerd"), f"--config={node / 'containerd.toml'}"],
+        "kubelet": [
+            str(bindir / "kubelet"),
+            f"--config={node / 'kubelet.yaml'}",
+            f"--kubeconfig={layout.component_kubeconfig('kubelet')}",
+            f"--hostname-override={REAL_NODE}",
+            # The kubelet rejects a loopback node IP; the bridge's gateway address is host-only.
+            f"--node-ip={host.BRIDGE_IP}",
+            f"--root-dir={host.RUNTIME_DIR / 'kubelet'}",
+            f"--cert-dir={node / 'kubelet-pki'}",
+            "--node-labels=gpulane.dev/gpu=true,type=real",
+        ],
+        "kube-proxy": [
+            str(bindir / "kube-proxy"),
+            f"--kubeconfig={layout.component_kubeconfig('kube-proxy')}",
+            "--proxy-mode=nftables",
+            f"--hostname-override={REAL_NODE}",
+            f"--cluster-cidr={host.POD_SUBNET}",
+            f"--nodeport-addresses={host.BRIDGE_IP}/32",
+            "--masquerade-all=true",  # pod -> Service -> pod on the same bridge, without br_netfilter
+            f"--healthz-bind-address=127.0.0.1:{PROXY_HEALTHZ}",
+            f"--metrics-bind-address=127.0.0.1:{PROXY_METRICS}",
+            # 0 leaves the host's conntrack sysctls alone.
+            "--conntrack-max-per-core=0",
+            "--conntrack-tcp-timeout-established=0",
+            "--conntrack-tcp-timeout-close-wait=0",
+        ],
+    }
+
+
+def node_status(layout: Layout, server: str) -> tuple[bool, str]:
+    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{REAL_NODE}")
+    if code != 200 or not isinstance(node, dict):
+        return False, f"GET node {REAL_NODE}: {code}"
+    status = node.get("status", {})
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+    gpus = status.get("allocatable", {}).get(GPU_RESOURCE)
+    runtime = status.get("nodeInfo", {}).get("containerRuntimeVersion", "?")
+    return ready and gpus == "1", f"ready={ready} allocatable {GPU_RESOURCE}={gpus} runtime={runtime}"
+
+
+def advertise_gpu(layout: Layout, server: str) -> None:
+    """The documented way to advertise an extended resource: a JSON patch of the Node's status capacity.
+    It survives a kubelet restart, not a re-registration, so `up` re-applies it whenever it is missing."""
+    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{REAL_NODE}")
+    if code == 200 and node.get("status", {}).get("capacity", {}).get(GPU_RESOURCE) == "1":
+        return
+    patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"}]
+    code, body = api_request(
+        layout, server, "PATCH", f"/api/v1/nodes/{REAL_NODE}/status", patch, "application/json-patch+json"
+    )
+    if code != 200:
+        raise ClusterError(f"patching {GPU_RESOURCE} into node {REAL_NODE}'s capacity failed: HTTP {code}: {body}")
+
+
+def start(
+    layout: Layout, bindir: Path, server: str, lock_fd: int, images: list[Image], launch: Callable[..., Proc], log: Log
+) -> None:
+    """Start containerd, import the images, start the kubelet and kube-proxy; wait until the node is Ready
+    with the GPU. ``launch(component, argv, pass_fds)`` starts and records a process."""
+    write_configs(layout)
+    argv = _argv(layout, bindir)
+    saved = host.load_record() or {}
+    # Only the kubelet inherits the machine-wide lock: Go children keep inherited fds, so containerd
+    # would hand it on to every shim. If the kubelet dies, the next `up` gives back what is left.
+    containerd: Proc = launch("containerd", argv["containerd"])
+    ctr = ctr_command(bindir)
+
+    wait_for("containerd (ctr version)", lambda: _ctr_ok(ctr), 60, containerd)
+    import_images(ctr, images, log)
+    kubelet: Proc = launch("kubelet", argv["kubelet"], (lock_fd,))
+    wait_for(
+        f"kubelet healthz on 127.0.0.1:{KUBELET_HEALTHZ}",
+        http_check(f"http://127.0.0.1:{KUBELET_HEALTHZ}/healthz"),
+        120,
+        kubelet,
+    )
+
+    def registered() -> tuple[bool, str]:
+        code, _ = api_request(layout, server, "GET", f"/api/v1/nodes/{REAL_NODE}")
+        return code == 200, f"HTTP {code}"
+
+    wait_for(f"node {REAL_NODE} registered", registered, 60, kubelet)
+    advertise_gpu(layout, server)
+    proxy: Proc = launch("kube-proxy", argv["kube-proxy"])
+    wait_for(f"node {REAL_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_status(layout, server), 120, kubelet)
+    wait_for(
+        f"kube-proxy healthz on 127.0.0.1:{PROXY_HEALTHZ}",
+        http_check(f"http://127.0.0.1:{PROXY_HEALTHZ}/healthz"),
+        60,
+        proxy,
+    )
+    # The kubelet set its sysctls at container-manager start; put the host's values back.
+    host.write_sysctls(saved.get("sysctls", {}))
+    log(f"node {REAL_NODE} is Ready (containerd, kubelet, kube-proxy) with {GPU_RESOURCE}: 1")
+
+
+def component_health(info: ClusterInfo) -> dict[str, tuple[bool, str]]:
+    """containerd answers `ctr version`; the kubelet and kube-proxy answer their healthz."""
+
+    def healthz(port: int) -> tuple[bool, str]:
+        code, _ = http_get(f"http://127.0.0.1:{port}/healthz", timeout=2.0)
+        return code == 200, f"http://127.0.0.1:{port}/healthz -> {code}"
+
+    checks = {
+        "containerd": lambda: _ctr_ok(ctr_command(info.bindir)),
+        "kubelet": lambda: healthz(KUBELET_HEALTHZ),
+        "kube-proxy": lambda: healthz(PROXY_HEALTHZ),
+    }
+    by_name = {p.component: p for p in info.procs}
+    out: dict[str, tuple[bool, str]] = {}
+    for comp in NODE_COMPONENTS:
+        proc = by_name.get(comp)
+        if proc is None or not proc_alive(proc):
+            out[comp] = (False, "not running" if proc is None else f"pid {proc.pid} is not running; see {proc.log}")
+            continue
+        ok, detail = checks[comp]()
+        out[comp] = (ok, f"pid {proc.pid}, {detail}")
+    return out
+
+
+def _ctr_ok(ctr: list[str]) -> tuple[bool, str]:
+    proc = subprocess.run([*ctr, "version"], capture_output=True, text=True, check=False)
+    server = [line.strip() for line in proc.stdout.splitlines() if line.strip().startswith("Version:")]
+    return proc.returncode == 0, (server[-1] if server else proc.stderr.strip())
+
+
+def image_names(bindir: Path) -> list[str]:
+    proc = subprocess.run(
+        [*ctr_command(bindir), "-n", "k8s.io", "images", "ls", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return [name for name in proc.stdout.split() if not name.startswith("sha256:")] or ["(none)"]

@@ -1,0 +1,3 @@
+module gpulane.local/hack/node/pause
+
+go 1.26.0
