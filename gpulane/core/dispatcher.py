@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from gpulane.core.events import (
@@ -82,6 +82,23 @@ class Dispatcher:
 
     def handle(self, event: Event) -> list[Dispatch]:
         """Apply one event, then dispatch whatever the lanes now have room for."""
+        self._apply(event)
+        return self.decide()
+
+    def handle_all(self, events: Iterable[Event]) -> list[Dispatch]:
+        """Apply every event of one instant, in order, then decide once.
+
+        A job submitted at the instant a slot frees then competes for that slot on its score,
+        instead of losing it to whichever job was waiting when the finish was applied alone.
+        An event the dispatcher refuses raises as in ``handle``: the events before it stay
+        applied (they happened) and nothing is decided yet, so call ``decide`` next.
+        """
+        for event in events:
+            self._apply(event)
+        return self.decide()
+
+    def _apply(self, event: Event) -> None:
+        """Take one event into the state without deciding."""
         match event:
             case JobSubmitted(job):
                 self._submit(job)
@@ -101,7 +118,6 @@ class Dispatcher:
                     self.models.observe_load(model, load_seconds)
             case ModelUpdated(spec):
                 self.models.update(spec)
-        return self.decide()
 
     def replace_policy(self, policy: Policy) -> list[tuple[Job, str]]:
         """Re-rank every waiting job under ``policy``, keeping arrival order and fair-share clocks.
@@ -181,7 +197,7 @@ class Dispatcher:
     # -- decisions ----------------------------------------------------------------------
 
     def decide(self) -> list[Dispatch]:
-        """Dispatch whatever the lanes have room for (``handle`` does this after every event)."""
+        """Dispatch whatever the lanes have room for (``handle`` and ``handle_all`` end with this)."""
         decisions: list[Dispatch] = []
         while len(self.ranking):
             choice = self._best_pair()

@@ -303,3 +303,47 @@ def test_model_loaded_from_an_old_swap_is_ignored():
     d.handle(ModelLoaded("gpu-0", "sdxl"))  # late report for the model already swapped out
     assert not d.lanes["gpu-0"].ready
     assert d.running["b"].started_at is None
+
+
+def test_a_job_arriving_at_the_instant_a_slot_frees_competes_for_that_slot():
+    d, clock = dispatcher()
+    busy(d, clock)
+    submit(d, clock, "shot", priority=-100, member="alice")
+    clock.now = 240
+    image = JobSubmitted(Job("image", "m", 100, "free", "bob", clock.now))
+    assert names(d.handle_all([JobFinished("blocker"), image])) == ["image"]
+    assert d.history[-1].at == 240 and "shot" in d.ranking
+
+
+def test_the_order_of_events_within_an_instant_does_not_change_the_winner():
+    outcomes = []
+    for finish_first in (True, False):
+        d, clock = dispatcher()
+        busy(d, clock)
+        submit(d, clock, "shot", priority=-100, member="alice")
+        clock.now = 240
+        events = [JobFinished("blocker"), JobSubmitted(Job("image", "m", 100, "free", "bob", clock.now))]
+        outcomes.append(names(d.handle_all(events if finish_first else events[::-1])))
+    assert outcomes == [["image"], ["image"]]
+
+
+def test_events_handled_one_at_a_time_give_the_slot_to_whoever_waited_when_it_freed():
+    """The artefact handle_all removes: the finish alone dispatches before the arrival is seen."""
+    d, clock = dispatcher()
+    busy(d, clock)
+    submit(d, clock, "shot", priority=-100, member="alice")
+    clock.now = 240
+    assert names(d.handle(JobFinished("blocker"))) == ["shot"]
+    assert submit(d, clock, "image", priority=100, member="bob") == []
+
+
+def test_a_refused_event_in_an_instant_keeps_the_events_before_it_and_decides_nothing():
+    d, clock = dispatcher()
+    busy(d, clock)
+    submit(d, clock, "waiting")
+    events = [JobFinished("blocker"), JobSubmitted(Job("waiting", "m")), JobSubmitted(Job("after", "m"))]
+    with pytest.raises(DispatchError, match="'waiting' is already known"):
+        d.handle_all(events)
+    assert not d.running and "after" not in d.ranking  # the finish happened; the rest was not applied
+    assert names(d.decide()) == ["waiting"]
+    assert d.handle_all([]) == []

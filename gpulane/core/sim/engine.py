@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, JobFinished, JobSubmitted, LaneUpdated, ModelLoaded
+from gpulane.core.events import Dispatch, Event, JobFinished, JobSubmitted, LaneUpdated, ModelLoaded
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.ranking import make_ranking
 from gpulane.core.sim.scenario import Range, Scenario, ScenarioError, Stream
@@ -135,7 +135,11 @@ def catalog_for(scenario: Scenario) -> ModelCatalog:
     return ModelCatalog(specs, default)
 
 
-# Same-time events: finishes free capacity first, then loads complete, then arrivals.
+# The order of events within one instant: finishes, then loads, then arrivals in plan order. All of
+# an instant's events reach the dispatcher before it decides, so this order only makes runs
+# reproducible; it never decides which job gets a slot that frees at that instant. Reactions to an
+# instant's events (a chain's next job, submitted when its predecessor ends) are a client's round
+# trip later in reality: they form the next round at the same timestamp, after the decision.
 FINISH, LOADED, SUBMIT = 0, 1, 2
 
 
@@ -197,29 +201,33 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
 
     last = 0.0
     while queue:
-        at, kind, _, what, detail = heapq.heappop(queue)
+        at = queue[0][0]
         idle_lanes = sum(1 for lane in lanes if running[lane] == 0)
         if dispatcher.pending_count and idle_lanes:
             idle_while_waiting += (at - last) * idle_lanes
         now[0] = last = at
-        if kind == SUBMIT:
-            record = records[what]
-            record.submitted_at = at
-            waiting[band_of(record.priority)][record.member] += 1
-            job = Job(what, record.model, record.priority, record.tier, record.member, at)
-            decisions = dispatcher.handle(JobSubmitted(job))
-        elif kind == LOADED:
-            decisions = dispatcher.handle(ModelLoaded(what, detail))
-        else:
-            record = records[what]
-            record.finished_at = at
-            assert record.lane is not None
-            running[record.lane] -= 1
-            decisions = dispatcher.handle(JobFinished(what, record.run_seconds))
-            follower = chain_next.get(what)
-            if follower is not None:
-                push(at, SUBMIT, follower.name)
-        for decision in decisions:
+        instant = []
+        while queue and queue[0][0] == at:
+            instant.append(heapq.heappop(queue))
+        events: list[Event] = []
+        for _, kind, _, what, detail in instant:
+            if kind == SUBMIT:
+                record = records[what]
+                record.submitted_at = at
+                waiting[band_of(record.priority)][record.member] += 1
+                events.append(JobSubmitted(Job(what, record.model, record.priority, record.tier, record.member, at)))
+            elif kind == LOADED:
+                events.append(ModelLoaded(what, detail))
+            else:
+                record = records[what]
+                record.finished_at = at
+                assert record.lane is not None
+                running[record.lane] -= 1
+                events.append(JobFinished(what, record.run_seconds))
+                follower = chain_next.get(what)
+                if follower is not None:  # a reaction to this end: it arrives after the decision on it
+                    push(at, SUBMIT, follower.name)
+        for decision in dispatcher.handle_all(events):
             apply(decision)
 
     return SimResult(
