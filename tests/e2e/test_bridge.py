@@ -212,3 +212,31 @@ def test_a_manifest_job_with_a_request_is_executed_and_its_answer_stored(setup: 
     answer = json.loads(stored.data["response.json"])
     assert "from kubectl" in answer["choices"][0]["message"]["content"]
     assert stored.metadata.owner_references[0].name == "manifest", "deleting the job deletes its answer"
+
+
+def test_over_the_queue_cap_a_call_gets_429_with_retry_after(setup: Setup, cluster: Cluster, tmp_path: Path) -> None:
+    world = setup.world
+    tight = BridgeProcess(cluster, tmp_path, world.namespace, setup.bridge.keys_file, "--endpoint",
+                          f"{setup.model}={setup.backend.url}", "--max-queued-per-member", "1").start()  # fmt: skip
+    try:
+        world.job("blocker", setup.model, member="film")
+        world.wait_phase("blocker", "Running")
+        client = openai.OpenAI(base_url=f"{tight.url}/v1", api_key=USER_KEY, max_retries=0)
+        waiting = threading.Thread(
+            target=lambda: client.chat.completions.create(
+                model=setup.model, messages=[{"role": "user", "content": "1"}]
+            ),
+            daemon=True,
+        )
+        waiting.start()
+        wait_until(lambda: len(setup.jobs()) == 2, what="the first call queued")
+        with pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "2"}])
+        assert err.value.response.headers["Retry-After"] == "1"
+        assert "has 1 calls waiting" in str(err.value)
+        assert len(setup.jobs()) == 2, "the refused call created no job"
+        world.complete("blocker")
+        waiting.join(30)
+        assert not waiting.is_alive()
+    finally:
+        tight.stop()
