@@ -22,6 +22,9 @@ from gpulane.operator.kube import Gone, Kube, load_client
 
 log = logging.getLogger(__name__)
 
+# How often the certificate files are re-read: a rotated certificate is served within this time.
+CERT_CHECK_SECONDS = 10.0
+
 
 class AdmissionState:
     """The webhook's view of the cluster: the policy in effect and the models that exist."""
@@ -148,5 +151,7 @@ def configure(settings: kopf.OperatorSettings, *, host: str, port: int, certfile
     The webhook configurations are installed by whoever deploys gpulane (the chart, or the e2e suite
     with ``gpulane webhook-config``): kopf must not overwrite configurations it did not create.
     """
-    settings.admission.server = kopf.WebhookServer(addr=host, port=port, certfile=certfile, pkeyfile=keyfile)
+    settings.admission.server = kopf.WebhookServer(
+        addr=host, port=port, certfile=certfile, pkeyfile=keyfile, file_check_interval=CERT_CHECK_SECONDS
+    )
     settings.admission.managed = None

@@ -249,3 +249,17 @@ def test_the_optional_admission_policy_enforces_caps_without_a_webhook(world: Wo
         finally:
             for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
                 world.cluster.kubectl("delete", kind, name, "--ignore-not-found")
+
+
+def test_the_webhook_reloads_its_certificate_when_the_files_change(cluster: Cluster, tmp_path: Path) -> None:
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first = make_serving_cert(directory=tmp_path / "first")
+    hook = WebhookProcess(cluster, tmp_path, first).start()
+    try:
+        rotated = make_serving_cert(directory=tmp_path / "second")  # another CA, as after a rotation
+        first.cert_file.write_bytes(rotated.cert_file.read_bytes())
+        first.key_file.write_bytes(rotated.key_file.read_bytes())
+        wait_until(lambda: tls_ready(hook.port, rotated), timeout=60, what="the webhook serving the new certificate")
+    finally:
+        hook.stop()
