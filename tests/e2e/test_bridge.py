@@ -240,3 +240,13 @@ def test_over_the_queue_cap_a_call_gets_429_with_retry_after(setup: Setup, clust
         assert not waiting.is_alive()
     finally:
         tight.stop()
+
+
+def test_multipart_calls_are_routed_by_their_form_field(setup: Setup, tmp_path: Path) -> None:
+    audio = tmp_path / "hello.wav"
+    audio.write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt ")
+    with audio.open("rb") as f:
+        text = setup.client().audio.transcriptions.create(model=setup.model, file=f)
+    assert setup.model in text.text
+    [job] = setup.jobs()
+    assert job["spec"]["model"] == setup.model and job["status"]["phase"] == "Succeeded"
