@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any, get_args
 
 from gpulane.admission.main import add_arguments as add_webhook_arguments
 from gpulane.admission.main import add_config_arguments as add_webhook_config_arguments
@@ -17,7 +18,8 @@ from gpulane.bridge.main import run as run_bridge
 from gpulane.core.policy import PolicyError
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
-from gpulane.core.sim.report import comparison_table, jobs_json, summarize
+from gpulane.core.sim.llamaswap import Clients
+from gpulane.core.sim.report import comparison_table, jobs_json, llama_swap_settings, summarize
 from gpulane.core.sim.scenario import ScenarioError, load_scenario
 from gpulane.operator.main import add_arguments as add_operator_arguments
 from gpulane.operator.main import run as run_operator
@@ -39,6 +41,9 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
     for warning in scenario.warnings():
         print(f"warning: {warning}", file=sys.stderr)
+    if args.llama_swap_clients is not None:
+        llama_swap = scenario.llama_swap.model_copy(update={"clients": args.llama_swap_clients})
+        scenario = scenario.model_copy(update={"llama_swap": llama_swap})
     policies = args.compare or [args.policy]
     try:
         results = {name: simulate(scenario, name) for name in policies}
@@ -48,23 +53,20 @@ def _simulate(args: argparse.Namespace) -> int:
     spacing = scenario.policy.band_spacing
     summaries = {name: summarize(result, spacing) for name, result in results.items()}
     if args.json:
+        payload: dict[str, Any] = {"scenario": scenario.name}
+        if "llama-swap" in results:
+            payload["llamaSwap"] = scenario.llama_swap.model_dump(mode="json", by_alias=True)
+        runs = {name: {"jobs": jobs_json(r), "summary": summaries[name]} for name, r in results.items()}
         if args.compare:
-            payload = {
-                "scenario": scenario.name,
-                "policies": {name: {"jobs": jobs_json(r), "summary": summaries[name]} for name, r in results.items()},
-            }
+            payload["policies"] = runs
         else:
-            result = results[args.policy]
-            payload = {
-                "scenario": scenario.name,
-                "policy": args.policy,
-                "jobs": jobs_json(result),
-                "summary": summaries[args.policy],
-            }
+            payload |= {"policy": args.policy, **runs[args.policy]}
         json.dump(payload, sys.stdout, indent=1, allow_nan=False)
         print()
     else:
         print(f"scenario {scenario.name}: {len(next(iter(results.values())).jobs)} jobs, seed {scenario.seed}")
+        if "llama-swap" in results:
+            print(f"llama-swap: {llama_swap_settings(scenario.llama_swap)}")
         print(comparison_table(summaries))
     if args.plot:
         from gpulane.plot import plot_results  # matplotlib is slow to import; only when asked
@@ -85,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_policies,
         metavar="P1,P2,...",
         help=f"run several policies side by side ({','.join(RANKINGS)})",
+    )
+    sim.add_argument(
+        "--llama-swap-clients",
+        choices=get_args(Clients),
+        help="what clients do with llama-swap's 429: retry when the model has room, or give the job up "
+        "(default: the scenario's llamaSwap.clients, else retry)",
     )
     sim.add_argument("--json", action="store_true", help="print jobs and summary as one JSON object")
     sim.add_argument("--plot", metavar="FILE.png", help="write waits per stream and a GPU timeline per policy")

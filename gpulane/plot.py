@@ -30,7 +30,10 @@ def plot_results(title: str, results: dict[str, SimResult], path: str | Path) ->
         waits_ax.set_xscale("symlog", linthresh=1)
         waits_ax.set_xlim(left=0)
         waits_ax.set_xlabel("wait, minutes (box: p25-p75, whiskers: min-p95)")
-        waits_ax.set_title(f"{policy}: waits", loc="left", fontsize=10)
+        rejected = sum(1 for j in result.jobs if j.rejected)
+        dropped = sum(1 for j in result.jobs if j.dropped)
+        refusals = f" ({rejected} refused with 429, {dropped} of them dropped)" if rejected else ""
+        waits_ax.set_title(f"{policy}: waits{refusals}", loc="left", fontsize=10)
 
         lanes = {lane: i for i, lane in enumerate(result.lanes)}
         for job in result.jobs:

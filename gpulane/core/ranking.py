@@ -1,7 +1,8 @@
 """Rankings decide which waiting job a lane should run next.
 
 ``FairShareRanking`` is gpulane's policy. The baselines (FIFO, strict priority, llama-swap)
-share the dispatcher and event loop, so comparisons measure the ranking and nothing else.
+share the dispatcher and event loop, so comparisons measure the ranking and nothing else
+(plus, for llama-swap, its admission cap: ``sim/llamaswap.py``).
 """
 
 from __future__ import annotations
@@ -304,11 +305,11 @@ def make_ranking(name: str, policy: Policy) -> Ranking:
     """The named policy: ``gpulane``, a baseline it is compared against, or an ablation."""
     if name == "gpulane":
         return FairShareRanking(policy)
-    if name == "fifo":
+    if name == "fifo":  # arrival order: llama-swap as the design note describes it
         return OrderedRanking(name, policy, priority=False, aging=False)
-    if name == "strict":
+    if name == "strict":  # priority + tier, then arrival: PriorityClass, Kueue StrictFIFO without preemption
         return OrderedRanking(name, policy, priority=True, aging=False)
-    if name == "llama-swap":
+    if name == "llama-swap":  # v250: requests for the loaded model first, then arrival order
         return OrderedRanking(name, policy, priority=False, aging=False, resident_bonus=math.inf)
     if name == "per-job-aging":
         affinity = policy.affinity_bonus * policy.aging_divisor_seconds

@@ -74,7 +74,23 @@ def test_no_starvation_under_saturated_interactive_load(results):
 def test_every_job_finishes_and_the_gpu_is_never_idle_while_work_waits(results):
     for (scenario, policy), summary in results.items():
         assert all(s["unfinished"] == 0 for s in summary["streams"].values()), (scenario, policy)
+        assert summary["overall"]["dropped"] == 0, (scenario, policy)  # llama-swap's clients retry
         assert summary["overall"]["idleWhileWaitingSeconds"] == 0, (scenario, policy)
+        if policy != "llama-swap":
+            assert summary["overall"]["rejected"] == 0, (scenario, policy)
+
+
+def test_a_steady_stream_for_the_loaded_model_starves_another_model_under_llama_swap():
+    scenario = load_scenario(SCENARIOS / "loaded-model-stream.yaml")
+    llama, gpulane = (simulate(scenario, policy) for policy in ("llama-swap", "gpulane"))
+    chat_ends = max(j.submitted_at for j in llama.jobs if j.stream == "chat")
+    # llama-swap swaps only when the loaded model has nothing in flight: never, until the chat stops.
+    assert min(j.started_at for j in llama.jobs if j.stream == "images") >= chat_ends
+    # gpulane: an image outranks fresh chat once its aging passes the affinity bonus (10 points,
+    # 10 minutes); then the lane drains (the longest chat run), loads sdxl, and may run one image first.
+    bound = 10 * 60 + 40 + 30 + 60
+    assert max(j.wait for j in gpulane.jobs if j.stream == "images") <= bound
+    assert max(j.wait for j in llama.jobs if j.stream == "images") > 10 * bound
 
 
 def test_decision_records_count_when_terms_changed_the_winner(results):

@@ -16,6 +16,7 @@ from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch, Event, JobFinished, JobSubmitted, LaneUpdated, ModelLoaded
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.ranking import make_ranking
+from gpulane.core.sim.llamaswap import AdmissionCap
 from gpulane.core.sim.scenario import Range, Scenario, ScenarioError, Stream
 
 # A simulation holds every job in memory; beyond this a scenario is almost surely a mistake.
@@ -31,7 +32,9 @@ class JobRecord:
     priority: int
     model: str
     run_seconds: float
-    submitted_at: float | None = None
+    submitted_at: float | None = None  # the client's first attempt: waits count from here
+    admitted_at: float | None = None  # when the dispatcher got it (later after a 429 and a retry)
+    rejected: bool = False  # refused with 429 by the llama-swap baseline's admission cap
     dispatched_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -40,6 +43,11 @@ class JobRecord:
     lane: str | None = None
     changed_by: dict[str, str] = field(default_factory=dict)
     score: dict[str, float] = field(default_factory=dict)  # the breakdown when it was dispatched
+
+    @property
+    def dropped(self) -> bool:
+        """Refused, and its client gave the job up: it never runs."""
+        return self.rejected and self.admitted_at is None
 
     @property
     def wait(self) -> float:
@@ -138,9 +146,11 @@ def catalog_for(scenario: Scenario) -> ModelCatalog:
 # The order of events within one instant: finishes, then loads, then arrivals in plan order. All of
 # an instant's events reach the dispatcher before it decides, so this order only makes runs
 # reproducible; it never decides which job gets a slot that frees at that instant. Reactions to an
-# instant's events (a chain's next job, submitted when its predecessor ends) are a client's round
-# trip later in reality: they form the next round at the same timestamp, after the decision.
-FINISH, LOADED, SUBMIT = 0, 1, 2
+# instant's events (a chain's next job, submitted when its predecessor ends; a retrying client let
+# in by an end) are a client's round trip later in reality: they form the next round at the same
+# timestamp, after the decision. A finish frees its admission place first, so an arrival at that
+# instant sees the room (unless a retrying client already holds it).
+FINISH, LOADED, RETRY, SUBMIT = 0, 1, 2, 3
 
 
 def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
@@ -149,6 +159,7 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
     now = [0.0]
     dispatcher = Dispatcher(scenario.policy, lambda: now[0], catalog, make_ranking(policy_name, scenario.policy))
     truth = catalog_for(scenario)  # the real load times, apart from what the dispatcher learns
+    cap = AdmissionCap(scenario.llama_swap) if policy_name == "llama-swap" else None
     records = {p.record.name: p.record for p in planned}
     chain_next: dict[str, JobRecord] = {}
     for stream in scenario.streams:
@@ -176,6 +187,17 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
     waiting: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     contended: dict[int, dict[str, float]] = defaultdict(dict)
     idle_while_waiting = 0.0
+
+    def admitted(record: JobRecord) -> JobSubmitted:
+        record.admitted_at = now[0]
+        job = Job(record.name, record.model, record.priority, record.tier, record.member, now[0])
+        return JobSubmitted(job)
+
+    def follow(name: str) -> None:
+        """A chain's next job is submitted when this one ends, or is given up."""
+        follower = chain_next.get(name)
+        if follower is not None:
+            push(now[0], SUBMIT, follower.name)
 
     def apply(decision: Dispatch) -> None:
         record = records[decision.job.id]
@@ -211,22 +233,31 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
             instant.append(heapq.heappop(queue))
         events: list[Event] = []
         for _, kind, _, what, detail in instant:
-            if kind == SUBMIT:
-                record = records[what]
-                record.submitted_at = at
-                waiting[band_of(record.priority)][record.member] += 1
-                events.append(JobSubmitted(Job(what, record.model, record.priority, record.tier, record.member, at)))
-            elif kind == LOADED:
+            if kind == LOADED:
                 events.append(ModelLoaded(what, detail))
+                continue
+            record = records[what]
+            if kind == SUBMIT:
+                record.submitted_at = at
+                if cap is None or cap.admit(what, record.model):
+                    events.append(admitted(record))
+                else:
+                    record.rejected = True
+                    if cap.config.clients == "reject":
+                        follow(what)
+                        continue
+                waiting[band_of(record.priority)][record.member] += 1  # a retrying client waits too
+            elif kind == RETRY:
+                events.append(admitted(record))
             else:
-                record = records[what]
                 record.finished_at = at
                 assert record.lane is not None
                 running[record.lane] -= 1
                 events.append(JobFinished(what, record.run_seconds))
-                follower = chain_next.get(what)
-                if follower is not None:  # a reaction to this end: it arrives after the decision on it
-                    push(at, SUBMIT, follower.name)
+                retrying = None if cap is None else cap.release(record.model)
+                if retrying is not None:
+                    push(at, RETRY, retrying)
+                follow(what)
         for decision in dispatcher.handle_all(events):
             apply(decision)
 

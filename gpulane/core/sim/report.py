@@ -8,18 +8,21 @@ from typing import Any
 
 from gpulane.core.priority import ALIASES
 from gpulane.core.sim.engine import JobRecord, SimResult
+from gpulane.core.sim.llamaswap import LlamaSwapConfig
 
 PERCENTILES = (50, 95, 99)
 
 
 def percentile(values: Sequence[float], p: float) -> float:
-    """Linear interpolation between closest ranks (the common 'type 7' definition)."""
+    """Linear interpolation between closest ranks (the common 'type 7' definition); inf is unbounded."""
     if not values:
         return math.nan
     ordered = sorted(values)
     rank = (len(ordered) - 1) * p / 100
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)
+    if rank == low or ordered[high] == ordered[low]:
+        return ordered[low]
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
@@ -39,15 +42,36 @@ def band_label(band: int, spacing: int) -> str:
 
 
 def _wait_stats(records: Sequence[JobRecord]) -> dict[str, float | None]:
-    waits = [r.wait for r in records if r.started_at is not None]
+    """Waits of the jobs that started; a dropped job never starts, so it counts as an endless wait.
+
+    A policy that drops work must not look better because dropped jobs do not wait: a statistic
+    that falls on a dropped job is unbounded, reported as None (null in JSON, "dropped" in tables).
+    """
+    waits = [r.wait for r in records if r.started_at is not None] + [math.inf for r in records if r.dropped]
     stats: dict[str, float | None] = {f"p{p}": _num(percentile(waits, p)) for p in PERCENTILES}
-    stats["max"] = max(waits) if waits else None
-    stats["mean"] = sum(waits) / len(waits) if waits else None
+    stats["max"] = _num(max(waits)) if waits else None
+    stats["mean"] = _num(sum(waits) / len(waits)) if waits else None
     return stats
 
 
 def _num(value: float) -> float | None:
-    return None if math.isnan(value) else value
+    return value if math.isfinite(value) else None
+
+
+def _busy_seconds(records: Sequence[JobRecord]) -> float:
+    """Lane time with at least one of these jobs running: jobs sharing a lane's slots overlap."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        if r.started_at is not None and r.lane is not None:
+            spans.setdefault(r.lane, []).append((r.started_at, r.started_at + r.run_seconds))
+    busy = 0.0
+    for lane_spans in spans.values():
+        covered = -math.inf
+        for start, stop in sorted(lane_spans):
+            if stop > covered:
+                busy += stop - max(start, covered)
+                covered = stop
+    return busy
 
 
 def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
@@ -57,17 +81,16 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
     first = min((j.submitted_at for j in result.jobs if j.submitted_at is not None), default=0.0)
     capacity = max(result.end - first, 1e-9) * len(result.lanes)  # lane-seconds since work first arrived
 
-    def busy(records: list[JobRecord]) -> float:
-        return sum(r.run_seconds for r in records if r.started_at is not None)
-
     per_stream = {
         name: {
             "jobs": len(records),
-            "unfinished": sum(1 for r in records if r.finished_at is None),
+            "unfinished": sum(1 for r in records if r.finished_at is None and not r.dropped),
+            "rejected": sum(1 for r in records if r.rejected),
+            "dropped": sum(1 for r in records if r.dropped),
             "waitSeconds": _wait_stats(records),
             "swaps": sum(1 for r in records if r.replaced is not None),
             "coldStarts": sum(1 for r in records if r.cold_start),
-            "gpuUtilisation": busy(records) / capacity,
+            "gpuUtilisation": _busy_seconds(records) / capacity,
         }
         for name, records in streams.items()
     }
@@ -87,9 +110,11 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
         "bands": bands,
         "overall": {
             "jobs": len(result.jobs),
+            "rejected": sum(1 for j in result.jobs if j.rejected),
+            "dropped": sum(1 for j in result.jobs if j.dropped),
             "swaps": sum(1 for j in result.jobs if j.replaced is not None),
             "coldStarts": sum(1 for j in result.jobs if j.cold_start),
-            "gpuUtilisation": busy(result.jobs) / capacity,
+            "gpuUtilisation": _busy_seconds(result.jobs) / capacity,
             "idleWhileWaitingSeconds": result.idle_while_waiting,
             "makespanSeconds": result.end,
             "winnerChangedBy": changed,
@@ -107,6 +132,8 @@ def jobs_json(result: SimResult) -> list[dict[str, Any]]:
             "priority": j.priority,
             "model": j.model,
             "submittedAt": j.submitted_at,
+            "rejected": j.rejected,
+            "admittedAt": j.admitted_at,
             "dispatchedAt": j.dispatched_at,
             "startedAt": j.started_at,
             "finishedAt": j.finished_at,
@@ -118,6 +145,13 @@ def jobs_json(result: SimResult) -> list[dict[str, Any]]:
         }
         for j in result.jobs
     ]
+
+
+def llama_swap_settings(config: LlamaSwapConfig) -> str:
+    """``concurrencyLimit 10 per model (sdxl 4), clients retry after a 429``."""
+    limits = ", ".join(f"{name} {m.concurrency_limit}" for name, m in sorted(config.models.items()))
+    text = f"concurrencyLimit {config.concurrency_limit} per model" + (f" ({limits})" if limits else "")
+    return text + f", clients {config.clients} after a 429"
 
 
 def human(seconds: float | None) -> str:
@@ -140,16 +174,23 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     def row(label: str, cells: list[str]) -> None:
         lines.append(f"{label:<34}" + "".join(f"{c:>{width}}" for c in cells))
 
+    def wait(stream: dict[str, Any], stat: str) -> str:
+        value = stream["waitSeconds"][stat]
+        return "dropped" if value is None and stream["dropped"] else human(value)
+
     row("", policies)
     for stream in first["streams"]:
         lines.append(f"stream {stream} ({first['streams'][stream]['jobs']} jobs)")
+        cells = [summaries[p]["streams"][stream] for p in policies]
         for stat in ("p50", "p95", "max"):
-            row(
-                f"  wait {stat}",
-                [human(summaries[p]["streams"][stream]["waitSeconds"][stat]) for p in policies],
-            )
-        row("  swaps", [str(summaries[p]["streams"][stream]["swaps"]) for p in policies])
+            row(f"  wait {stat}", [wait(cell, stat) for cell in cells])
+        row("  swaps", [str(cell["swaps"]) for cell in cells])
+        for count, label in (("rejected", "  rejected (429)"), ("dropped", "  dropped after a 429")):
+            if any(cell[count] for cell in cells):
+                row(label, [str(cell[count]) for cell in cells])
     lines.append("overall")
+    row("  rejected (429)", [str(summaries[p]["overall"]["rejected"]) for p in policies])
+    row("  dropped after a 429", [str(summaries[p]["overall"]["dropped"]) for p in policies])
     row("  swaps", [str(summaries[p]["overall"]["swaps"]) for p in policies])
     row("  GPU utilisation", [f"{summaries[p]['overall']['gpuUtilisation']:.1%}" for p in policies])
     row(

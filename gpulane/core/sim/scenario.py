@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field, ValidationError, model_validator
 from gpulane.core.durations import parse_duration
 from gpulane.core.policy import CamelModel, Policy
 from gpulane.core.priority import resolve_priority
+from gpulane.core.sim.llamaswap import LlamaSwapConfig
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Priority = Annotated[int, BeforeValidator(resolve_priority)]
@@ -112,6 +113,7 @@ class Scenario(CamelModel):
     initial_model: str | None = None
     streams: list[Stream] = Field(default_factory=list)
     jobs: list[OneJob] = Field(default_factory=list)
+    llama_swap: LlamaSwapConfig = Field(default_factory=LlamaSwapConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -140,16 +142,20 @@ class Scenario(CamelModel):
         return self
 
     def warnings(self) -> list[str]:
-        """Legal but suspicious: models used without a declaration (a typo looks the same)."""
+        """Legal but suspicious: models used without a declaration, or capped but never used (typos)."""
         declared = {m.name for m in self.models}
-        used = {s.model for s in self.streams} | {j.model for j in self.jobs}
-        if self.initial_model is not None:
-            used.add(self.initial_model)
-        return [
+        requested = {s.model for s in self.streams} | {j.model for j in self.jobs}
+        used = requested | ({self.initial_model} if self.initial_model is not None else set())
+        undeclared = [
             f"model {name!r} is not declared under models; it loads in "
             f"{self.default_model.load_seconds:g}s (defaultModel)"
             for name in sorted(used - declared)
         ]
+        uncapped = [
+            f"llamaSwap.models names {name!r}, which no stream or job requests; its limit has no effect"
+            for name in sorted(set(self.llama_swap.models) - requested)
+        ]
+        return undeclared + uncapped
 
 
 def load_scenario(path: str | Path) -> Scenario:
