@@ -32,7 +32,8 @@ def plot_results(title: str, results: dict[str, SimResult], path: str | Path) ->
         waits_ax.set_xlabel("wait, minutes (box: p25-p75, whiskers: min-p95)")
         rejected = sum(1 for j in result.jobs if j.rejected)
         dropped = sum(1 for j in result.jobs if j.dropped)
-        refusals = f" ({rejected} refused with 429, {dropped} of them dropped)" if rejected else ""
+        fate = f"{dropped} of them dropped" if dropped else "all retried"
+        refusals = f" ({rejected} refused with 429, {fate})" if rejected else ""
         waits_ax.set_title(f"{policy}: waits{refusals}", loc="left", fontsize=10)
 
         lanes = {lane: i for i, lane in enumerate(result.lanes)}

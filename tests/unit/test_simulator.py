@@ -129,6 +129,20 @@ def test_utilisation_counts_every_lane_and_starts_with_the_first_submission():
     assert summary["streams"]["s"]["gpuUtilisation"] == pytest.approx(1.0)
 
 
+def test_jobs_sharing_a_lanes_slots_count_its_time_once_in_utilisation():
+    scenario = Scenario.model_validate(
+        {
+            "name": "t",
+            "initialModel": "llm",
+            "models": [{"name": "llm", "maxConcurrency": 2}],
+            "streams": [{"name": "s", "member": "m", "model": "llm", "runSeconds": 100, "count": 4, "submit": "burst"}],
+        }
+    )
+    summary = summarize(simulate(scenario), 100)
+    assert summary["overall"]["gpuUtilisation"] == pytest.approx(1.0)  # two at a time for 200 s, not 2.0
+    assert summary["overall"]["makespanSeconds"] == 200
+
+
 def test_a_first_load_on_an_empty_gpu_is_a_cold_start_not_a_swap():
     scenario = Scenario.model_validate(
         {
