@@ -21,6 +21,7 @@ from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.llamaswap import Clients
 from gpulane.core.sim.report import comparison_table, jobs_json, llama_swap_settings, summarize
 from gpulane.core.sim.scenario import ScenarioError, load_scenario
+from gpulane.explain.main import add_arguments as add_explain_arguments
 from gpulane.operator.main import add_arguments as add_operator_arguments
 from gpulane.operator.main import run as run_operator
 
@@ -41,10 +42,14 @@ def _simulate(args: argparse.Namespace) -> int:
         return 2
     for warning in scenario.warnings():
         print(f"warning: {warning}", file=sys.stderr)
+    policies = args.compare or [args.policy]
     if args.llama_swap_clients is not None:
+        if "llama-swap" not in policies:
+            print(
+                "warning: --llama-swap-clients has no effect: the llama-swap policy is not simulated", file=sys.stderr
+            )
         llama_swap = scenario.llama_swap.model_copy(update={"clients": args.llama_swap_clients})
         scenario = scenario.model_copy(update={"llama_swap": llama_swap})
-    policies = args.compare or [args.policy]
     try:
         results = {name: simulate(scenario, name) for name in policies}
     except ScenarioError as err:
@@ -103,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     bridge = commands.add_parser("bridge", help="run the OpenAI-compatible bridge: API calls become GpuJobs")
     add_bridge_arguments(bridge)
     bridge.set_defaults(run=run_bridge)
+    add_explain_arguments(commands)
     fake = commands.add_parser("fake-backend", help="an OpenAI-compatible fake model server (tests, demo)")
     add_fake_arguments(fake)
     fake.set_defaults(run=run_fake)

@@ -173,3 +173,10 @@ def test_cli_counts_refusals_in_json_and_the_comparison(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "llama-swap: concurrencyLimit 10 per model, clients retry after a 429" in out
     assert next(line for line in out.splitlines() if "rejected (429)" in line).split()[-2:] == ["2", "0"]
+
+
+def test_llama_swap_clients_without_the_llama_swap_policy_is_a_warning(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps({"name": "t", "models": [{"name": "x"}], "streams": [burst(1)]}))
+    assert main(["simulate", str(path), "--policy", "gpulane", "--llama-swap-clients", "reject"]) == 0
+    assert "warning: --llama-swap-clients has no effect" in capsys.readouterr().err

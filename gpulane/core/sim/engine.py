@@ -1,7 +1,8 @@
 """The simulator: the real dispatcher on a virtual clock, fed by a scenario's job streams.
 
 Job sets are drawn from the seed before any policy runs, so every policy sees exactly the
-same jobs; only the dispatcher's ranking differs between runs.
+same jobs; only the dispatcher's ranking differs between runs, and for the llama-swap
+baseline its admission cap in front of the dispatcher.
 """
 
 from __future__ import annotations
