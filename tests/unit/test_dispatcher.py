@@ -315,6 +315,15 @@ def test_a_job_arriving_at_the_instant_a_slot_frees_competes_for_that_slot():
     assert d.history[-1].at == 240 and "shot" in d.ranking
 
 
+def test_a_job_cancelled_at_the_instant_a_slot_frees_never_gets_it():
+    d, clock = dispatcher()
+    busy(d, clock)
+    submit(d, clock, "first")
+    submit(d, clock, "second")
+    assert names(d.handle_all([JobFinished("blocker"), JobCancelled("first")])) == ["second"]
+    assert d.pending_count == 0
+
+
 def test_the_order_of_events_within_an_instant_does_not_change_the_winner():
     outcomes = []
     for finish_first in (True, False):
