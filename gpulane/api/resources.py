@@ -34,6 +34,10 @@ PRIORITY_MESSAGE = (
     f"priority must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}] or one of interactive, normal, batch"
 )
 
+# Bounded, so that status objects stay small however long the queue and however many dispatches.
+STORY_LIMIT = 20
+HISTORY_LIMIT = 50
+
 Phase = Literal["Pending", "Dispatching", "Running", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
 
@@ -105,6 +109,30 @@ class ScoreTerms(CamelModel):
     total: float
 
 
+class DispatchRecord(CamelModel):
+    """One dispatch, as lanes remember it and as jobs that waited meanwhile tell it (``gpulane why``)."""
+
+    job: str
+    at: str = Field(json_schema_extra=_TIME)
+    lane: str
+    model: str
+    load: bool
+    member: str
+    priority: int
+    tier: str
+    score: ScoreTerms
+    changed_by: dict[str, str] | None = None  # term -> the job that would have won without it
+
+
+class Story(CamelModel):
+    """What a job's own story needs once it has run: the dispatches that went ahead while it waited."""
+
+    queued_at: str = Field(json_schema_extra=_TIME)
+    ran_ahead: list[DispatchRecord]  # the latest ones, at most STORY_LIMIT
+    ran_ahead_total: int
+    load: bool  # it had to wait for its model to load
+
+
 class GpuJobStatus(CamelModel):
     phase: Phase | None = None
     position: int | None = Field(default=None, ge=1)
@@ -123,6 +151,7 @@ class GpuJobStatus(CamelModel):
     message: str | None = None
     # Written by the executor when it reports completion (see docs/job-lifecycle.md).
     result: dict[str, Any] | None = None
+    story: Story | None = None
     conditions: Conditions | None = _CONDITIONS
     observed_generation: int | None = None
 
@@ -189,6 +218,7 @@ class GpuLaneStatus(CamelModel):
     running: list[str] | None = None
     queue_depth: dict[str, int] | None = None
     last_served: list[ServedClock] | None = None
+    history: list[DispatchRecord] | None = None  # the lane's latest dispatches, at most HISTORY_LIMIT
     conditions: Conditions | None = _CONDITIONS
     observed_generation: int | None = None
 

@@ -10,9 +10,11 @@ objects themselves (see ``rebuild``), never only in memory.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +22,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpulane.admission.review import Refused, validate_policy
-from gpulane.api.resources import API_VERSION, TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec, GpuPolicySpec
+from gpulane.api.resources import (
+    API_VERSION,
+    STORY_LIMIT,
+    TERMINAL_PHASES,
+    GpuLaneSpec,
+    GpuModelSpec,
+    GpuPolicySpec,
+)
 from gpulane.core.dispatcher import Dispatcher, DispatchError
 from gpulane.core.events import (
     Dispatch,
@@ -47,6 +56,7 @@ from gpulane.operator.translate import (
     Refusal,
     band_label,
     condition,
+    dispatch_record,
     format_duration,
     format_time,
     job_from_body,
@@ -128,6 +138,7 @@ class Controller:
         self.lanes: dict[str, LaneRunner] = {}
         self.pods: dict[str, PodState] = {}  # lane -> its backend pod as last seen
         self.leases: dict[tuple[str, str], float] = {}  # executor Lease -> when it expires
+        self.dispatch_times: deque[float] = deque(maxlen=100_000)  # to count what ran ahead of a job
         self.ready = False
         self.metrics = Metrics(self.queue_snapshot)
         kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
@@ -217,7 +228,28 @@ class Controller:
             self.metrics.swaps.inc()
         lane = self.lanes[decision.lane]
         lane.assigned.add(view.key)
+        lane.history.append((decision.at, dispatch_record(decision)))
+        self.dispatch_times.append(decision.at)
+        self.status.lane_dirty(lane.name)
         lane.kick()
+
+    def story(self, view: JobView, now: float) -> Body:
+        """The dispatches that went ahead of ``view`` while it waited, for ``gpulane why`` after it ran."""
+        queued, until = view.job.submitted_at, view.dispatched_at or now
+        ahead = sorted(
+            (at, record)
+            for lane in self.lanes.values()
+            for at, record in lane.history
+            if queued < at < until and record["job"] != view.key
+        )
+        total = len(self.dispatch_times) - bisect.bisect_right(self.dispatch_times, queued)
+        total -= len(self.dispatch_times) - bisect.bisect_left(self.dispatch_times, until)
+        return {
+            "queuedAt": format_time(queued),
+            "ranAhead": [record for _, record in ahead[-STORY_LIMIT:]],
+            "ranAheadTotal": max(total, len(ahead)),
+            "load": bool(view.decision and view.decision.load),
+        }
 
     def queue_snapshot(self) -> dict[str, tuple[int, float]]:
         now, policy = self.clock(), self.dispatcher.policy
@@ -429,6 +461,7 @@ class Controller:
         }
         if decision is not None:
             fields["score"] = score_fields(decision.score)
+            fields["story"] = self.story(view, now)
             reason = "ModelLoad" if decision.load else "Warm"
             text = describe_dispatch(decision)
             view.conditions = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))
@@ -620,7 +653,12 @@ class Controller:
             return
         runner = LaneRunner(self, name, meta.get("uid", ""), spec)
         runner.generation = meta.get("generation")
-        runner.conditions = list((body.get("status") or {}).get("conditions") or [])
+        status = body.get("status") or {}
+        runner.conditions = list(status.get("conditions") or [])
+        for record in status.get("history") or []:  # what it remembered before a restart
+            at = parse_time(record.get("at"))
+            if at is not None:
+                runner.history.append((at, record))
         self.lanes[name] = runner
         runner.start()
         pod = self.pods.get(name)

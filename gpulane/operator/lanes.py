@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from gpulane.api.resources import GpuLaneSpec
+from gpulane.api.resources import HISTORY_LIMIT, GpuLaneSpec
 from gpulane.operator.kube import Conflict, Gone
 from gpulane.operator.pods import PodState, backend_pod, pod_state
 
@@ -38,6 +39,7 @@ class LaneRunner:
         self.delete_requested = 0.0
         self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
         self.conditions: list[dict[str, Any]] = []
+        self.history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=HISTORY_LIMIT)  # (at, record)
         self.generation: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

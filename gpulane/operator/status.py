@@ -198,6 +198,7 @@ class StatusWriter:
             "ready": ready,
             "conditions": runner.conditions,
             "observedGeneration": runner.generation,
+            "history": [record for _, record in runner.history],
             "running": sorted(runner.running | runner.assigned),
             "queueDepth": queue_depth,
             "lastServed": [

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpulane.api.resources import GpuJobSpec, GpuModelSpec
+from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority
@@ -160,3 +161,20 @@ def merge_condition(existing: list[dict[str, Any]] | None, new: dict[str, Any]) 
 def score_fields(score: ScoreBreakdown) -> dict[str, float]:
     """The score as written to a status: aging and total to two decimals (the clock is sub-second)."""
     return {**score.as_dict(), "aging": round(score.aging, 2), "total": round(score.total, 2)}
+
+
+def dispatch_record(decision: Dispatch) -> dict[str, Any]:
+    """A dispatch as lanes remember it (status.history) and stories tell it (status.story)."""
+    job = decision.job
+    return {
+        "job": job.id,
+        "at": format_time(decision.at),
+        "lane": decision.lane,
+        "model": decision.model,
+        "load": decision.load,
+        "member": job.member,
+        "priority": job.priority,
+        "tier": job.tier,
+        "score": score_fields(decision.score),
+        "changedBy": dict(decision.changed_by) or None,
+    }
