@@ -4,12 +4,14 @@ job by writing its outcome to the status, as the bridge will."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 
 import pytest
 
 from .operator_support import OperatorProcess, World, pod_watch
-from .support import wait_until
+from .support import REPO, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -261,3 +263,28 @@ def test_a_model_serving_two_jobs_at_once_runs_two_on_one_pod(world: World, oper
     world.complete("first")
     assert world.wait_phase("third", "Running")["lane"] == lane
     assert len(world.backend_pods(lane)) == 1
+
+
+def test_every_metric_of_the_grafana_dashboard_is_exported(world: World, operator: OperatorProcess) -> None:
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "gpulane-dashboard.json").read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"gpulane_[a-z_]+", target["expr"])
+    }
+    assert len(used) >= 10
+    # A dispatch and a load, so that every histogram and labelled counter has a sample.
+    world.lane()
+    world.job("one", world.model("sdxl"), priority="interactive")
+    world.wait_phase("one", "Running")
+    world.complete("one")
+    wait_until(lambda: any(k.startswith("gpulane_model_load_seconds") for k in operator.metrics()),
+               what="metrics after a dispatch")  # fmt: skip
+    # Declared families count: a labelled counter has no sample until its first label value.
+    family = re.compile(r"_(total|bucket|sum|count)$")
+    typed = re.findall(r"^# TYPE (gpulane_[a-z_]+) ", operator.get("/metrics")[1], re.MULTILINE)
+    declared = {family.sub("", n) for n in typed}
+    names = {family.sub("", n) for n in used}
+    missing = sorted(n for n in names if n not in declared)
+    assert not missing, f"the dashboard queries metrics the operator does not export: {missing}"
