@@ -40,8 +40,11 @@ def forecast(dispatcher: Dispatcher) -> list[Forecast]:
 
     result: list[Forecast] = []
     while sim.pending_count and ends:
-        virtual[0], _, job_id = heapq.heappop(ends)
-        for decision in sim.handle(JobFinished(job_id)):
+        virtual[0] = ends[0][0]
+        finished = []
+        while ends and ends[0][0] == virtual[0]:  # ends at one instant free their slots together
+            finished.append(JobFinished(heapq.heappop(ends)[2]))
+        for decision in sim.handle_all(finished):
             if decision.load:
                 ready_at[decision.lane] = virtual[0] + models.get(decision.model).load_seconds
             start = max(virtual[0], ready_at.get(decision.lane, virtual[0]))

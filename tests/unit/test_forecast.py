@@ -94,3 +94,15 @@ def test_a_job_joining_a_lane_that_is_still_loading_waits_for_the_load():
     clock.now = 90
     d.handle(ModelLoaded("gpu-0", "llm"))
     assert d.running["second"].started_at == 90
+
+
+def test_jobs_ending_at_one_instant_free_their_lanes_together_in_the_forecast():
+    """Both lanes free at 240: the image goes to the lane with sdxl loaded, the shot to the h3 lane."""
+    d, clock = dispatcher(lanes={"gpu-0": "h3", "gpu-1": "sdxl"}, models=MODELS)
+    submit(d, clock, "shot-1", model="h3", member="alice", expected_run_seconds=240)  # gpu-0, first to end
+    submit(d, clock, "image-1", model="sdxl", member="bob", expected_run_seconds=240)  # gpu-1, ends with it
+    submit(d, clock, "image-2", model="sdxl", priority=100, member="bob")
+    submit(d, clock, "shot-2", model="h3", member="alice")
+    result = by_id(forecast(d))
+    assert (result["image-2"].lane, result["image-2"].start) == ("gpu-1", 240)  # no swap
+    assert (result["shot-2"].lane, result["shot-2"].start) == ("gpu-0", 240)

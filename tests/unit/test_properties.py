@@ -348,8 +348,9 @@ def test_forecast_matches_what_happens_when_run_times_are_as_expected(jobs, lane
     predicted = {f.job_id: f.start for f in forecast(d)}
     assert set(predicted) == {j.id for j in d.ranking.pending()}
     while ends:
-        ends.sort()
-        clock.now, job_id = ends.pop(0)
-        started(d.handle(JobFinished(job_id)))
+        clock.now = min(ends)[0]
+        finished = [JobFinished(job_id) for end, job_id in ends if end == clock.now]
+        ends[:] = [(end, job_id) for end, job_id in ends if end != clock.now]
+        started(d.handle_all(finished))
     for job_id, start in predicted.items():
         assert start == pytest.approx(actual[job_id]), job_id
