@@ -202,13 +202,31 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         writes = {
             k.split('"')[1]: after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{")
         }
+        rss_positioned = _peak_rss(operator)
+        # Then many dispatches with the queue still long: lane history and job stories must stay bounded.
+        world.complete("blocker")
+        for _ in range(args.dispatches):
+            running = wait_until(
+                lambda: [
+                    j["metadata"]["name"] for j in _jobs(world) if (j.get("status") or {}).get("phase") == "Running"
+                ],
+                what="a running job",
+            )
+            for name in running:
+                world.complete(name)
+        jobs = _jobs(world)
+        lane = world.custom.list_cluster_custom_object(GROUP, VERSION, "gpulanes")["items"][0]
         return {
             "jobs": args.jobs,
             "create_seconds_apiserver": round(created, 1),
             "all_positioned_seconds": round(elapsed, 1),
             "jobs_per_second": round(args.jobs / elapsed, 1),
             "operator_writes": {k: int(v) for k, v in sorted(writes.items()) if v},
+            "operator_peak_rss_mib_positioned": round(rss_positioned / 1024, 1),
+            "dispatches_after": args.dispatches,
             "operator_peak_rss_mib": round(_peak_rss(operator) / 1024, 1),
+            "lane_status_bytes": len(json.dumps(lane.get("status") or {})),
+            "largest_job_status_bytes": max(len(json.dumps(j.get("status") or {})) for j in jobs),
         }
     finally:
         _teardown(api, world, operator, namespace)
@@ -229,6 +247,7 @@ def main() -> None:
     lat.add_argument("--jobs", type=int, default=200)
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
+    sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")
     for p in (lat, sc):
         p.add_argument("--operator-args", nargs="*", default=[], help="extra arguments for gpulane operator")
     args = parser.parse_args()
