@@ -11,6 +11,7 @@ import heapq
 import itertools
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpulane.core.dispatcher import Dispatcher
@@ -154,7 +155,11 @@ def catalog_for(scenario: Scenario) -> ModelCatalog:
 FINISH, LOADED, RETRY, SUBMIT = 0, 1, 2, 3
 
 
-def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
+# Called after each instant's decisions with the dispatcher, the time and the jobs submitted then.
+Observer = Callable[[Dispatcher, float, list[str]], None]
+
+
+def simulate(scenario: Scenario, policy_name: str = "gpulane", observe: Observer | None = None) -> SimResult:
     planned = plan_jobs(scenario)
     catalog = catalog_for(scenario)
     now = [0.0]
@@ -261,6 +266,8 @@ def simulate(scenario: Scenario, policy_name: str = "gpulane") -> SimResult:
                 follow(what)
         for decision in dispatcher.handle_all(events):
             apply(decision)
+        if observe is not None:
+            observe(dispatcher, at, [what for _, kind, _, what, _ in instant if kind in (SUBMIT, RETRY)])
 
     return SimResult(
         scenario=scenario.name,
