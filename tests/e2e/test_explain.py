@@ -67,3 +67,53 @@ def test_why_names_the_jobs_that_ran_ahead_and_the_term_and_survives_a_restart(
     assert kubectl_gpulane(cluster, "why", "victim", "-n", world.namespace) == story, "the story is on the job"
     lanes = kubectl_gpulane(cluster, "lanes")
     assert lane in lanes and b in lanes
+
+
+def _why(cluster: Cluster, world: World, job: str) -> str:
+    return kubectl_gpulane(cluster, "why", job, "-n", world.namespace)
+
+
+def _line(story: str, job: str) -> str:
+    return next(line for line in story.splitlines() if f"/{job} on" in line)
+
+
+def test_why_names_affinity_and_fair_share(cluster: Cluster, world: World, operator: OperatorProcess) -> None:
+    world.lane()
+    a, b = world.model("a"), world.model("b")
+    world.job("blocker", a, member="z")
+    world.wait_phase("blocker", "Running")
+    world.job("other-model", b, member="x")
+    world.job("m-first", a, priority="batch", member="mia")
+    world.job("m-second", a, priority="batch", member="mia")
+    time.sleep(1.1)
+    world.job("n-later", a, priority="batch", member="nina")
+    world.job("warm", a, member="w")  # submitted after other-model; only its loaded model can put it first
+    for name in ("other-model", "m-first", "m-second", "n-later", "warm"):
+        world.wait_phase(name, "Pending")
+    order = world.run_through({"blocker", "other-model", "m-first", "m-second", "n-later", "warm"})
+    assert order.index("warm") < order.index("other-model")
+    assert order.index("n-later") < order.index("m-second"), order
+    assert "because of swap affinity" in _line(_why(cluster, world, "other-model"), "warm")
+    assert "because of fair share" in _line(_why(cluster, world, "m-second"), "n-later")
+
+
+def test_why_names_aging_across_a_band(cluster: Cluster, world: World, operator: OperatorProcess) -> None:
+    default = {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuPolicy", "metadata": {"name": "default"}}
+    try:
+        world.apply({**default, "spec": {"agingDivisorSeconds": 0.05}})  # 20 points a second
+        wait_until(
+            lambda: world.cluster_status("gpupolicies", "default").get("observedGeneration") == 1,
+            what="the fast-aging policy in effect",
+        )
+        world.lane()
+        a = world.model("a")
+        world.job("blocker", a, member="z")
+        world.wait_phase("blocker", "Running")
+        world.job("old-batch", a, priority="batch", member="film")
+        time.sleep(6)  # 120 points of aging: more than the band between batch and normal
+        world.job("fresh-normal", a, member="x")
+        world.wait_phase("fresh-normal", "Pending")
+        assert world.run_through({"blocker", "old-batch", "fresh-normal"}) == ["blocker", "old-batch", "fresh-normal"]
+        assert "because of aging" in _line(_why(cluster, world, "fresh-normal"), "old-batch")
+    finally:
+        world.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
