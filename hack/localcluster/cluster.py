@@ -41,7 +41,8 @@ def up(
 
     ``user`` (a PID, e.g. a pytest session's) registers that process as a user of the cluster, so that
     ``release`` does not stop the cluster under another live user. ``real_node`` (default: the
-    GPULANE_REAL_NODE environment variable) adds the real kubelet node gpu-real (node.py)."""
+    GPULANE_REAL_NODE environment variable) adds the real kubelet node gpu-real (node.py); a running
+    cluster without it is then an error, not restarted."""
     want_real = node.enabled() if real_node is None else real_node
     layout = Layout(state_dir or default_state_dir())
     with locked(layout.state):
@@ -52,13 +53,17 @@ def up(
             if want_real and found.real_node and healthy(found, layout)[0]:
                 node.advertise_gpu(layout, found.server)  # the Node may have registered again since
             ok, health = _health(found, layout)
-            if ok and bool(found.real_node) == want_real:
+            if ok and want_real and not found.real_node:
+                # Never restart a healthy cluster under its users (a pytest session, say) to add the node.
+                raise ClusterError(
+                    f"a cluster without the real node runs in {layout.state}; stop it first (`make cluster-down`),"
+                    " or start a second one beside it with GPULANE_CLUSTER_DIR and GPULANE_CLUSTER_PORT_BASE"
+                )
+            if ok:  # a cluster with the real node also serves a caller that did not ask for it
                 log(f"cluster already running (state {layout.state})")
                 info = found
             else:
-                bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good) or (
-                    f"it was started {'without' if want_real else 'with'} the real node"
-                )
+                bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good)
                 log(f"found an unhealthy cluster in {layout.state} ({bad}); stopping it and starting afresh")
                 _teardown(layout, found, log)
         elif layout.state.exists():
@@ -111,23 +116,25 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         )
     if real_node:
         node.check_prerequisites()
-    for comp, comp_ports in ports.by_component().items():
-        for port in comp_ports:
-            if comp != "kube-apiserver" or not real_node:
-                check_port_free(port, comp)
-
     t0 = time.monotonic()
     log = _timed(log, t0)
     lock_fd = -1
     images: list[Image] = []
     if real_node:
-        images = build_images(log)  # before taking the host: a failed build leaves nothing to undo
+        # First, so that a second real node is refused as such (not by the ports the first one holds).
         lock_fd = host.claim(layout.state)
-        try:
+    try:
+        for comp, comp_ports in ports.by_component().items():
+            for port in comp_ports:
+                if comp != "kube-apiserver" or not real_node:
+                    check_port_free(port, comp)
+        if real_node:
             _give_back_stale(log)
-        except BaseException:
+            images = build_images(log)  # before taking the host: a failed build leaves nothing to undo
+    except BaseException:
+        if lock_fd >= 0:
             os.close(lock_fd)
-            raise
+        raise
     layout.state.mkdir(parents=True, exist_ok=True)
     layout.logs.mkdir(exist_ok=True)
     # With a real node the apiserver serves on the node bridge's address, which kube-proxy maps the
