@@ -332,6 +332,14 @@ class World:
         selector = f"involvedObject.name={name},involvedObject.kind=GpuJob"
         return list(self.core.list_namespaced_event(self.namespace, field_selector=selector).items)
 
+    def wait_events(self, name: str, reason: str, timeout: float = 30) -> list[client.CoreV1Event]:
+        """The job's Events of ``reason``, once there is one: the operator posts them after its status write."""
+        return wait_until(
+            lambda: [e for e in self.events(name) if e.reason == reason],
+            timeout=timeout,
+            what=f"a {reason} Event on {name}",
+        )
+
     def backend_pods(self, lane: str) -> list[client.V1Pod]:
         pods = self.core.list_namespaced_pod(OPERATOR_NAMESPACE).items
         return [p for p in pods if (p.metadata.annotations or {}).get("gpulane.io/lane") == lane]

@@ -45,7 +45,7 @@ def test_dispatch_order_follows_the_scores(world: World, operator: OperatorProce
     # image-pro: 100 + 1 + affinity 10; image: 100 (swap to flux); chat: 0 + affinity; then the batch
     # band, tier first: film-max -98 (swap back to sdxl), film-free -100 + affinity.
     assert order == ["blocker", "image-pro", "image", "chat", "film-max", "film-free"]
-    won = [e for e in world.events("image") if e.reason == "Dispatched"]
+    won = world.wait_events("image", "Dispatched")
     assert won and "swapping" in won[0].message and "priority 100" in won[0].message
     finished = world.status("chat")
     assert finished["phase"] == "Succeeded" and finished["lane"] == lane and finished["waited"]
@@ -119,8 +119,7 @@ def test_cancelling_a_queued_and_a_running_job(world: World, operator: OperatorP
     world.cluster.kubectl("delete", "gpujob", "running", "-n", world.namespace, "--wait=true", "--timeout=30s")
     # The lane was freed by the cancellation and the queued job is gone: `next` runs.
     assert world.wait_phase("next", "Running")
-    reasons = {e.reason for e in world.events("running")}
-    assert "Deleted" in reasons, reasons
+    assert world.wait_events("running", "Deleted")
 
 
 def test_a_backend_that_never_becomes_ready_fails_the_job_and_the_lane_recovers(
@@ -134,7 +133,7 @@ def test_a_backend_that_never_becomes_ready_fails_the_job_and_the_lane_recovers(
     failed = world.wait_phase("doomed", "Failed", timeout=30)
     assert failed["reason"] == "ModelLoadTimeout" and "not Ready within 3s" in failed["message"]
     assert world.wait_phase("after", "Running", timeout=30)["lane"] == lane
-    assert any(e.reason == "ModelLoadTimeout" and e.type == "Warning" for e in world.events("doomed"))
+    assert all(e.type == "Warning" for e in world.wait_events("doomed", "ModelLoadTimeout"))
 
 
 def test_a_job_past_its_deadline_fails_and_frees_the_lane(world: World, operator: OperatorProcess) -> None:
@@ -198,7 +197,7 @@ def test_operator_killed_and_restarted_loses_nothing_and_keeps_the_order(
     assert order[1:] == ["shot-1", "shot-2", "shot-3"]
     for name in ["shot-0", *order]:
         assert world.status(name)["phase"] == "Succeeded"
-        dispatches = [e for e in world.events(name) if e.reason == "Dispatched"]
+        dispatches = world.wait_events(name, "Dispatched")
         assert len(dispatches) == 1, f"{name} was dispatched {len(dispatches)} times"
 
 

@@ -81,7 +81,7 @@ def test_the_operator_refuses_what_only_the_policy_can_judge(world: World, opera
     assert gold["reason"] == "UnknownTier" and "free, max, pro" in gold["message"]
     [admitted] = [c for c in gold["conditions"] if c["type"] == "Admitted"]
     assert admitted["status"] == "False" and admitted["reason"] == "UnknownTier"
-    assert any(e.reason == "UnknownTier" and e.type == "Warning" for e in world.events("gold"))
+    assert all(e.type == "Warning" for e in world.wait_events("gold", "UnknownTier"))
 
 
 def test_a_job_for_an_unknown_model_waits_until_the_model_exists(world: World, operator: OperatorProcess) -> None:

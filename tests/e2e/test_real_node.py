@@ -119,24 +119,28 @@ class RealCluster:
         return self.get_pod(ns, name)
 
 
+def up_when_free(log: localcluster.Log, state: Path, base: int) -> localcluster.ClusterInfo:
+    """``up`` with the real node; while another pytest session on this machine runs its own (one per
+    machine), wait for it."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            return localcluster.up(log=log, state_dir=state, ports=localcluster.Ports.from_base(base), real_node=True)
+        except localcluster.ClusterError as exc:
+            if "another real node runs on this machine" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     before = HostSnapshot.take()
     state = tmp_path_factory.mktemp("real-node") / "state"
     messages: list[str] = []
-    deadline = time.monotonic() + LOCK_WAIT
-    while True:
-        try:
-            info = localcluster.up(
-                log=messages.append, state_dir=state, ports=localcluster.Ports.from_base(REAL_BASE), real_node=True
-            )
-            break
-        except localcluster.ClusterError as exc:
-            # Another pytest session on this machine runs its real node: one per machine, so wait for it.
-            if "another real node runs on this machine" in str(exc) and time.monotonic() < deadline:
-                time.sleep(2)
-                continue
-            pytest.fail("the real node could not be started:\n" + "\n".join(messages) + f"\n{exc}", pytrace=False)
+    try:
+        info = up_when_free(messages.append, state, REAL_BASE)
+    except localcluster.ClusterError as exc:
+        pytest.fail("the real node could not be started:\n" + "\n".join(messages) + f"\n{exc}", pytrace=False)
     yield RealCluster(Cluster(info, True), before, state)
     localcluster.down(log=lambda _m: None, state_dir=state)  # a no-op when the last test already did
 
@@ -434,3 +438,18 @@ def test_down_leaves_nothing_behind_even_after_a_killed_run(real: RealCluster, t
     assert after.paths == real.before.paths
     assert after.sysctls == real.before.sysctls
     assert not state.exists() and not real.state.exists()
+
+
+def test_a_foreign_interface_named_like_the_bridge_is_a_clear_error(tmp_path: Path) -> None:
+    """Runs after the module's node is down: an interface gpulane0 that is not ours is never taken (nor
+    deleted at teardown)."""
+    subprocess.run(["ip", "link", "add", host.BRIDGE, "type", "dummy"], check=True)
+    try:
+        with pytest.raises(localcluster.ClusterError) as err:
+            up_when_free(lambda _m: None, tmp_path / "state", 28000)
+        assert f"a network interface {host.BRIDGE} already exists on this host" in str(err.value)
+        assert Path(f"/sys/class/net/{host.BRIDGE}").exists(), "the foreign interface was removed"
+        assert not host.RUN_DIR.exists(), "the host record and lock were left behind"
+        assert not (tmp_path / "state" / "cluster.json").exists()
+    finally:
+        subprocess.run(["ip", "link", "del", host.BRIDGE], check=False)
