@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +117,11 @@ def save_record(rec: dict[str, Any]) -> None:
     tmp.replace(_record_path())
 
 
-def take(state: Path, log: Log) -> dict[str, Any]:
+def take(state: Path, log: Log) -> None:
     """Record what the host looks like, then create the node bridge. Call with the lock held."""
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        # Not from a killed run of ours (its record would have been given back already): not ours to take.
+        raise ClusterError(f"a network interface {BRIDGE} already exists on this host; remove it or rename it")
     rec: dict[str, Any] = {
         "state_dir": str(state),
         "sysctls": read_sysctls(),
@@ -130,7 +134,6 @@ def take(state: Path, log: Log) -> dict[str, Any]:
     _ip("link", "set", BRIDGE, "up")
     saved = ", ".join(f"{k}={v}" for k, v in rec["sysctls"].items())
     log(f"host: bridge {BRIDGE} {BRIDGE_IP}/24, sysctls saved ({saved})")
-    return rec
 
 
 def _ip(*args: str) -> None:
@@ -142,7 +145,7 @@ def _ip(*args: str) -> None:
 def add_procs(procs: list[Proc]) -> None:
     rec = load_record()
     if rec is not None:
-        rec["procs"] = [p.__dict__ for p in procs]
+        rec["procs"] = [asdict(p) for p in procs]
         save_record(rec)
 
 

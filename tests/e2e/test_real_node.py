@@ -443,7 +443,7 @@ def test_down_leaves_nothing_behind_even_after_a_killed_run(real: RealCluster, t
 def test_a_foreign_interface_named_like_the_bridge_is_a_clear_error(tmp_path: Path) -> None:
     """Runs after the module's node is down: an interface gpulane0 that is not ours is never taken (nor
     deleted at teardown)."""
-    subprocess.run(["ip", "link", "add", host.BRIDGE, "type", "dummy"], check=True)
+    subprocess.run(["ip", "link", "add", host.BRIDGE, "type", "bridge"], check=True)
     try:
         with pytest.raises(localcluster.ClusterError) as err:
             up_when_free(lambda _m: None, tmp_path / "state", 28000)
