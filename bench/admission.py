@@ -24,19 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from harness import REPO, percentile
 from kubernetes import client, config
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from gpulane.admission.configuration import webhook_configurations  # noqa: E402
-from tests.e2e.operator_support import GROUP, VERSION, WebhookProcess, World  # noqa: E402
-from tests.e2e.support import Cluster, localcluster, make_serving_cert  # noqa: E402
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+from gpulane.admission.configuration import webhook_configurations
+from tests.e2e.operator_support import GROUP, VERSION, WebhookProcess, World
+from tests.e2e.support import Cluster, localcluster, make_serving_cert
 
 
 def create_all(custom: client.CustomObjectsApi, namespace: str, model: str, jobs: int, threads: int) -> list[float]:

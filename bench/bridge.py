@@ -19,33 +19,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import statistics
-import sys
-import tempfile
 import time
-import uuid
-from pathlib import Path
 from typing import Any
 
 import openai
 import yaml
-from kubernetes import client, config
+from harness import bench_world, peak_rss_mib, percentile
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.e2e.operator_support import BridgeProcess, FakeBackendProcess, OperatorProcess, World  # noqa: E402
-from tests.e2e.support import Cluster, localcluster  # noqa: E402
+from tests.e2e.operator_support import BridgeProcess, FakeBackendProcess
 
 KEY = "sk-bench-0000000000"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def ms(values: list[float]) -> dict[str, float]:
@@ -93,52 +81,30 @@ async def concurrent(bridge: str, model: str, streams: int) -> dict[str, Any]:
             "wall_seconds": round(wall, 2), "first_chunk": ms(firsts) if firsts else None}  # fmt: skip
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--streams", type=int, default=200)
     args = parser.parse_args()
-    info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
-    cluster = Cluster(info, info.started)
-    cluster.kubectl("apply", "-f", str(REPO / "crds"))
-    cluster.kubectl("create", "namespace", "gpulane-system", check=False)
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    namespace = f"bench-{uuid.uuid4().hex[:5]}"
-    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    work = Path(tempfile.mkdtemp(prefix="gpulane-bench-bridge-"))
-    operator = OperatorProcess(cluster, work).start()
-    world = World(cluster, api, namespace)
-    procs: list[Any] = []
-    try:
+    with bench_world() as bench, contextlib.ExitStack() as running:
+        cluster, world, work, namespace = bench.cluster, bench.world, bench.work, bench.namespace
         model = world.model("bench", ready_delay="0s", maxConcurrency=256)
         world.lane()
         backend = FakeBackendProcess(cluster, work, "--model", model, "--chunks", "5", "--chunk-delay", "0.01").start()
+        running.callback(backend.stop)
         keys = work / "keys.yaml"
         keys.write_text(yaml.safe_dump({"keys": [{"name": "bench", "key": KEY, "member": "bench", "maxPriority": 0}]}))
         bridge = BridgeProcess(cluster, work, namespace, keys, "--endpoint", f"{model}={backend.url}",
                                "--max-queued-per-member", "1000").start()  # fmt: skip
-        procs = [bridge, backend]
+        running.callback(bridge.stop)
         asyncio.run(one(openai.AsyncOpenAI(base_url=f"{bridge.url}/v1", api_key=KEY), model, False))  # warm the pod
-        result = {
+        result: dict[str, Any] = {
             "non_streaming": asyncio.run(side_by_side(bridge.url, backend.url, model, args.calls, False)),
             "first_chunk": asyncio.run(side_by_side(bridge.url, backend.url, model, args.calls, True)),
             "concurrent": asyncio.run(concurrent(bridge.url, model, args.streams)),
         }
         assert bridge.proc is not None
         result["bridge_peak_rss_mib"] = peak_rss_mib(bridge.proc.pid)
-    finally:
-        for proc in procs:
-            proc.stop()
-        world.cleanup()
-        operator.stop()
-        client.CoreV1Api(api).delete_namespace(namespace)
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(json.dumps(result, indent=1))
 

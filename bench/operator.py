@@ -26,27 +26,16 @@ import os
 import platform
 import queue
 import statistics
-import sys
-import tempfile
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config, watch
+from harness import bench_world, peak_rss_mib, percentile
+from kubernetes import client, watch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.e2e.operator_support import GROUP, VERSION, OperatorProcess, World  # noqa: E402
-from tests.e2e.support import Cluster, localcluster, wait_until  # noqa: E402
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+from tests.e2e.operator_support import GROUP, VERSION, World
+from tests.e2e.support import wait_until
 
 
 class PhaseWatch:
@@ -91,30 +80,9 @@ class PhaseWatch:
         self._stop.set()
 
 
-def _setup(args: argparse.Namespace) -> tuple[Cluster, client.ApiClient, World, OperatorProcess, str]:
-    info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
-    cluster = Cluster(info, info.started)
-    cluster.kubectl("apply", "-f", str(REPO / "crds"))
-    cluster.kubectl("create", "namespace", "gpulane-system", check=False)
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    namespace = f"bench-{uuid.uuid4().hex[:5]}"
-    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    log_dir = Path(tempfile.mkdtemp(prefix="gpulane-bench-"))
-    operator = OperatorProcess(cluster, log_dir, *args.operator_args).start()
-    world = World(cluster, api, namespace)
-    print(f"operator log: {operator.log_path}", file=sys.stderr)
-    return cluster, api, world, operator, namespace
-
-
-def _teardown(api: client.ApiClient, world: World, operator: OperatorProcess, namespace: str) -> None:
-    world.cleanup()
-    operator.stop()
-    client.CoreV1Api(api).delete_namespace(namespace)
-
-
 def latency(args: argparse.Namespace) -> dict[str, Any]:
-    _, api, world, operator, namespace = _setup(args)
-    try:
+    with bench_world(*args.operator_args) as bench:
+        api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
         world.lane()
         model = world.model("warm", ready_delay="0s")
         watcher = PhaseWatch(api, namespace)
@@ -158,8 +126,6 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
         }
-    finally:
-        _teardown(api, world, operator, namespace)
 
 
 def _jobs(world: World) -> list[dict[str, Any]]:
@@ -170,8 +136,8 @@ def _jobs(world: World) -> list[dict[str, Any]]:
 
 
 def scale(args: argparse.Namespace) -> dict[str, Any]:
-    _, api, world, operator, namespace = _setup(args)
-    try:
+    with bench_world(*args.operator_args) as bench:
+        api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
         world.lane()
         model = world.model("busy", ready_delay="0s")
         world.job("blocker", model)
@@ -202,7 +168,8 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         writes = {
             k.split('"')[1]: after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{")
         }
-        rss_positioned = _peak_rss(operator)
+        assert operator.proc is not None
+        rss_positioned = peak_rss_mib(operator.proc.pid)
         # Then many dispatches with the queue still long: lane history and job stories must stay bounded.
         world.complete("blocker")
         for _ in range(args.dispatches):
@@ -222,22 +189,12 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
             "all_positioned_seconds": round(elapsed, 1),
             "jobs_per_second": round(args.jobs / elapsed, 1),
             "operator_writes": {k: int(v) for k, v in sorted(writes.items()) if v},
-            "operator_peak_rss_mib_positioned": round(rss_positioned / 1024, 1),
+            "operator_peak_rss_mib_positioned": rss_positioned,
             "dispatches_after": args.dispatches,
-            "operator_peak_rss_mib": round(_peak_rss(operator) / 1024, 1),
+            "operator_peak_rss_mib": peak_rss_mib(operator.proc.pid),
             "lane_status_bytes": len(json.dumps(lane.get("status") or {})),
             "largest_job_status_bytes": max(len(json.dumps(j.get("status") or {})) for j in jobs),
         }
-    finally:
-        _teardown(api, world, operator, namespace)
-
-
-def _peak_rss(operator: OperatorProcess) -> int:
-    assert operator.proc is not None
-    for line in Path(f"/proc/{operator.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return 0
 
 
 def main() -> None:

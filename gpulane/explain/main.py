@@ -15,8 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
 from gpulane.core.policy import Policy
 from gpulane.explain import report
-
-Body = dict[str, Any]
+from gpulane.operator.translate import Body
 
 
 def add_arguments(commands: Any) -> None:

@@ -9,20 +9,12 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from gpulane.core.explain import REASONS, deciding_term, format_score
 from gpulane.core.policy import Policy
 from gpulane.core.priority import resolve_priority
 from gpulane.core.score import ScoreBreakdown
-
-Body = dict[str, Any]
-
-
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+from gpulane.operator.translate import Body, format_duration, parse_time
 
 
 def clock(seconds: float | None) -> str:
@@ -33,15 +25,8 @@ def clock(seconds: float | None) -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """``45s``, ``12m30s``, ``3h05m``, or ``-``."""
-    if seconds is None or not math.isfinite(seconds):
-        return "-"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    """Like kubectl's AGE column (``12m30s``), or ``-``."""
+    return "-" if seconds is None or not math.isfinite(seconds) else format_duration(seconds)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -1,0 +1,66 @@
+"""What the cluster benchmarks share: a local control plane with gpulane's CRDs, the operator as its own
+process and a fresh namespace (as the e2e suite runs them), and the statistics they report."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.operator_support import OperatorProcess, World  # noqa: E402
+from tests.e2e.support import Cluster, localcluster  # noqa: E402
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+@dataclass
+class Bench:
+    cluster: Cluster
+    api: client.ApiClient
+    world: World
+    operator: OperatorProcess
+    namespace: str
+    work: Path
+
+
+@contextlib.contextmanager
+def bench_world(*operator_args: str) -> Iterator[Bench]:
+    """The local control plane (started if none runs), crds/ applied, the operator running, and a
+    namespace of the bench's own; all but the cluster removed afterwards."""
+    info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
+    cluster = Cluster(info, info.started)
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    cluster.kubectl("create", "namespace", "gpulane-system", check=False)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    namespace = f"bench-{uuid.uuid4().hex[:5]}"
+    client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    work = Path(tempfile.mkdtemp(prefix="gpulane-bench-"))
+    operator = OperatorProcess(cluster, work, *operator_args).start()
+    print(f"operator log: {operator.log_path}", file=sys.stderr)
+    world = World(cluster, api, namespace)
+    try:
+        yield Bench(cluster, api, world, operator, namespace, work)
+    finally:
+        world.cleanup()
+        operator.stop()
+        client.CoreV1Api(api).delete_namespace(namespace)
