@@ -18,7 +18,7 @@ help:
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's and the real node's binaries once (see docs/development.md)"
 	@echo "make images    - the pause, Python base and gpulane images for the real node, without a registry"
-	@echo "make cluster-up / cluster-status / cluster-down - the local control plane with GPU node gpu-0 (NODE=real: and gpu-real)"
+	@echo "make cluster-up / cluster-status / cluster-down - the local cluster with the real GPU node gpu-0 (NODE=kwok: a kwok gpu-0)"
 	@echo "make e2e       - only the end-to-end tests against the local control plane"
 
 install: $(STAMP)

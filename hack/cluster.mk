@@ -5,9 +5,9 @@
 #                        hack/tools/* (once; cached outside the repo), after `make node-deps`
 #   make node-deps       install the real node's Debian packages (runc, CNI plugins, mmdebstrap, nftables)
 #   make images          the pause, Python base and gpulane images, without a registry (cached by content)
-#   make cluster-up      start etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok on
-#                        127.0.0.1 with a fake GPU node gpu-0 (idempotent); NODE=real adds the real
-#                        kubelet node gpu-real (containerd + runc), as GPULANE_REAL_NODE=1 does
+#   make cluster-up      start etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok and the
+#                        real GPU node gpu-0 (containerd + runc + kubelet + kube-proxy; root) (idempotent);
+#                        NODE=kwok makes gpu-0 a kwok node instead, as GPULANE_NODE=kwok does
 #   make cluster-status  show what is running
 #   make cluster-down    stop exactly the processes cluster-up started and remove the state
 #   make e2e             run only the end-to-end tests (starts a cluster if none is up)
@@ -17,8 +17,8 @@
 # install target.
 
 CLUSTER_PY = $(BIN)/python hack/gpulane_cluster.py
-# `make cluster-up NODE=real` starts the real node too.
-CLUSTER_ENV = $(if $(filter real,$(NODE)),GPULANE_REAL_NODE=1)
+# `make cluster-up NODE=kwok`: gpu-0 is a kwok node (the default, NODE=real, is the real kubelet node).
+CLUSTER_ENV = $(if $(NODE),GPULANE_NODE=$(NODE))
 
 .PHONY: tools node-deps images cluster-up cluster-down cluster-status e2e kind-up kind-down
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import host, images, node
 from .cli import main
-from .cluster import down, release, running, status, up
+from .cluster import down, release, running, status, up, users
 from .control_plane import component_health, ensure_gpu_node, gpu_node_manifest, node_ready
 from .errors import ClusterError, Log
 from .health import api_request, http_get, wait_for
@@ -20,6 +20,8 @@ from .layout import (
     COMPONENTS,
     GPU_NODE,
     GPU_RESOURCE,
+    KWOK_TAINT,
+    KWOK_TOLERATION,
     POD_CIDR,
     SERVICE_CIDR,
     Layout,
@@ -38,6 +40,8 @@ __all__ = [
     "COMPONENTS",
     "GPU_NODE",
     "GPU_RESOURCE",
+    "KWOK_TAINT",
+    "KWOK_TOLERATION",
     "POD_CIDR",
     "SERVICE_CIDR",
     "ClusterError",
@@ -73,6 +77,7 @@ __all__ = [
     "tail",
     "tools_bindir",
     "up",
+    "users",
     "wait_for",
     "write_kubeconfig",
 ]

@@ -9,9 +9,9 @@ from .errors import ClusterError, stderr_log
 from .images import build_images
 from .layout import Layout, default_state_dir, tools_bindir
 
-USAGE = """gpulane's local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager
-and kwok (simulating the GPU node ``gpu-0``), all on 127.0.0.1, built from the pinned Go modules in
-hack/tools (see docs/development.md).
+USAGE = """gpulane's local Kubernetes cluster: etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
+kwok (for extra, simulated GPU nodes) and the real GPU node ``gpu-0`` (containerd, runc, kubelet,
+kube-proxy), built from the pinned Go modules in hack/tools (see docs/development.md).
 
     python hack/gpulane_cluster.py up       start it (idempotent); prints `export KUBECONFIG=...`
     python hack/gpulane_cluster.py status   show the components and their health
@@ -24,7 +24,7 @@ Environment:
     GPULANE_CLUSTER_PORT_BASE  ports are BASE+443 (apiserver), +379/+380 (etcd), +259 (scheduler),
                                +257 (controller-manager), +247 (kwok); default 16000
     GPULANE_TOOLS_BIN          directory holding the binaries (default: `hack/tools/build.sh --bindir`)
-    GPULANE_REAL_NODE=1        `up` also starts the real kubelet node gpu-real (containerd + runc)
+    GPULANE_NODE=kwok          make gpu-0 a kwok node (no root needed; nothing runs in its pods)
     GPULANE_IMAGES_CACHE       where `images` keeps its archives (default ~/.cache/gpulane/images)
 """
 

@@ -40,9 +40,9 @@ def up(
     """Start the cluster, or return the running one (``started`` tells which). Raises ClusterError.
 
     ``user`` (a PID, e.g. a pytest session's) registers that process as a user of the cluster, so that
-    ``release`` does not stop the cluster under another live user. ``real_node`` (default: the
-    GPULANE_REAL_NODE environment variable) adds the real kubelet node gpu-real (node.py); a running
-    cluster without it is then an error, not restarted."""
+    ``release`` does not stop the cluster under another live user. ``real_node`` (default: True unless
+    GPULANE_NODE=kwok) makes gpu-0 the real kubelet node (node.py), else a kwok node; a running cluster
+    without the real node is then an error, not restarted."""
     want_real = node.enabled() if real_node is None else real_node
     layout = Layout(state_dir or default_state_dir())
     with locked(layout.state):
@@ -100,6 +100,11 @@ def release(user: int, started: bool, log: Log = stderr_log, state_dir: Path | N
         return False
 
 
+def users(state_dir: Path | None = None) -> list[int]:
+    """The live processes registered as users of the cluster (``up(user=...)``)."""
+    return live_users(Layout(state_dir or default_state_dir()))
+
+
 def _timed(log: Log, t0: float) -> Log:
     """Prefix each message with the seconds since ``t0``."""
     return lambda msg: log(f"[{time.monotonic() - t0:5.1f}s] {msg}")
@@ -148,7 +153,7 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         bindir,
         ports,
         started=True,
-        real_node=node.REAL_NODE if real_node else None,
+        real_node=GPU_NODE if real_node else None,
     )
     save_record(layout, info)
 
@@ -196,7 +201,8 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         log("starting kube-controller-manager, kube-scheduler and kwok")
         kcm = launch("kube-controller-manager", argv["kube-controller-manager"])
         sched = launch("kube-scheduler", argv["kube-scheduler"])
-        ensure_gpu_node(layout, server)
+        if not real_node:
+            ensure_gpu_node(layout, server)
         kwok = launch("kwok", argv["kwok"])
         insecure = tls_context(None)
         for proc, url in (
@@ -206,8 +212,9 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         ):
             wait_for(f"{proc.component} {url}", http_check(url, insecure), 120, proc, 0.5)
         log("kube-controller-manager, kube-scheduler and kwok are healthy")
-        wait_for(f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kwok)
-        log(f"node {GPU_NODE} is Ready with {GPU_RESOURCE}: 1")
+        if not real_node:
+            wait_for(f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kwok)
+            log(f"node {GPU_NODE} (kwok) is Ready with {GPU_RESOURCE}: 1")
 
         def default_sa() -> tuple[bool, str]:
             code, _ = api_request(layout, server, "GET", "/api/v1/namespaces/default/serviceaccounts/default")
@@ -215,7 +222,7 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
 
         wait_for("ServiceAccount default/default (created by kube-controller-manager)", default_sa, 120, kcm)
         if real_node:
-            log(f"starting the real node {node.REAL_NODE}: containerd, kubelet, kube-proxy")
+            log(f"starting the real node {GPU_NODE}: containerd, kubelet, kube-proxy")
             node.start(layout, bindir, server, lock_fd, images, launch, log)
     except BaseException as exc:
         log(f"cluster start failed: {exc}\nstopping what was started; logs are kept in {layout.logs}")
@@ -322,11 +329,10 @@ def status(state_dir: Path | None = None) -> tuple[bool, str]:
 
 
 def _health(info: ClusterInfo, layout: Layout) -> tuple[bool, dict[str, tuple[bool, str]]]:
-    """Every component, then each node: (healthy, detail)."""
+    """Every component, then the GPU node: (healthy, detail)."""
     _, health = healthy(info, layout)
-    api_ok = health["kube-apiserver"][0]
-    health[f"node {GPU_NODE}"] = node_ready(layout, info.server) if api_ok else (False, "no apiserver")
     if info.real_node:
         health.update(node.component_health(info))
-        health[f"node {info.real_node}"] = node.node_status(layout, info.server) if api_ok else (False, "no apiserver")
+    api_ok = health["kube-apiserver"][0]
+    health[f"node {GPU_NODE}"] = node_ready(layout, info.server) if api_ok else (False, "no apiserver")
     return all(ok for ok, _ in health.values()), health

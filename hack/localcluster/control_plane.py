@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import ClusterError
 from .health import api_request, http_get, tls_context
-from .layout import COMPONENTS, GPU_NODE, GPU_RESOURCE, POD_CIDR, SA_ISSUER, SERVICE_CIDR, Layout, Ports
+from .layout import COMPONENTS, GPU_NODE, GPU_RESOURCE, KWOK_TAINT, POD_CIDR, SA_ISSUER, SERVICE_CIDR, Layout, Ports
 from .processes import proc_alive
 from .state import ClusterInfo
 
@@ -113,8 +113,9 @@ def component_argv(layout: Layout, bindir: Path, ports: Ports, address: str, rea
     }
 
 
-def gpu_node_manifest(name: str = GPU_NODE) -> dict[str, Any]:
-    """A kwok-managed node advertising one GPU (tests create more of them for extra lanes)."""
+def gpu_node_manifest(name: str = GPU_NODE, tainted: bool = True) -> dict[str, Any]:
+    """A kwok-managed node advertising one GPU (tests create more of them for extra lanes). Tainted unless
+    it is the cluster's only GPU node (GPULANE_NODE=kwok): then nothing runs real containers anyway."""
     resources = {"cpu": "8", "memory": "32Gi", "pods": "110", GPU_RESOURCE: "1"}
     return {
         "apiVersion": "v1",
@@ -130,19 +131,20 @@ def gpu_node_manifest(name: str = GPU_NODE) -> dict[str, Any]:
                 "gpulane.dev/gpu": "true",
             },
         },
-        "spec": {},
+        "spec": {"taints": [dict(KWOK_TAINT)]} if tainted else {},
         "status": {"capacity": dict(resources), "allocatable": dict(resources)},
     }
 
 
 def ensure_gpu_node(layout: Layout, server: str) -> None:
-    code, body = api_request(layout, server, "POST", "/api/v1/nodes", gpu_node_manifest())
+    """The kwok node gpu-0 (GPULANE_NODE=kwok only)."""
+    code, body = api_request(layout, server, "POST", "/api/v1/nodes", gpu_node_manifest(tainted=False))
     if code not in (201, 409):
         raise ClusterError(f"creating node {GPU_NODE} failed: HTTP {code}: {body}")
     # Make sure the status carries the GPU, whether or not the create kept it.
     code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{GPU_NODE}")
     if code == 200 and node.get("status", {}).get("capacity", {}).get(GPU_RESOURCE) != "1":
-        status = gpu_node_manifest()["status"]
+        status = gpu_node_manifest(tainted=False)["status"]
         code, body = api_request(
             layout,
             server,
@@ -184,14 +186,16 @@ def component_health(info: ClusterInfo, layout: Layout) -> dict[str, tuple[bool,
     return out
 
 
-def node_ready(layout: Layout, server: str) -> tuple[bool, str]:
-    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{GPU_NODE}")
+def node_ready(layout: Layout, server: str, name: str = GPU_NODE) -> tuple[bool, str]:
+    """The node is Ready and offers one GPU; the detail names its runtime (kwok's nodes report none)."""
+    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{name}")
     if code != 200 or not isinstance(node, dict):
-        return False, f"GET node {GPU_NODE}: {code}"
+        return False, f"GET node {name}: {code}"
     status = node.get("status", {})
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
     gpus = status.get("allocatable", {}).get(GPU_RESOURCE)
-    return ready and gpus == "1", f"ready={ready} allocatable {GPU_RESOURCE}={gpus}"
+    runtime = status.get("nodeInfo", {}).get("containerRuntimeVersion") or "kwok (no containers)"
+    return ready and gpus == "1", f"ready={ready} allocatable {GPU_RESOURCE}={gpus} runtime={runtime}"
 
 
 def healthy(info: ClusterInfo, layout: Layout) -> tuple[bool, dict[str, tuple[bool, str]]]:

@@ -7,12 +7,19 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ClusterError
+
 REPO = Path(__file__).resolve().parents[2]
 HACK = REPO / "hack"
 STAGES_FILE = HACK / "kwok" / "stages.yaml"
 
+# The GPU node of the tests and the tour: a real kubelet node (node.py), or with GPULANE_NODE=kwok a kwok one.
 GPU_NODE = "gpu-0"
 GPU_RESOURCE = "nvidia.com/gpu"
+# kwok's own convention. Every kwok node the tests add carries it, so a pod meant for a real container never
+# lands on a node that runs none; pods meant for kwok say so (this toleration, and the node by name).
+KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+KWOK_TOLERATION = {"key": KWOK_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 SERVICE_CIDR = "10.96.0.0/16"
 # Pod IPs that kwok hands out. They are never connected to (kwok runs no containers).
 POD_CIDR = "10.244.0.0/16"
@@ -42,6 +49,14 @@ class Ports:
             "kube-scheduler": [self.scheduler],
             "kwok": [self.kwok],
         }
+
+
+def node_mode() -> str:
+    """GPULANE_NODE: ``real`` (the default: gpu-0 is a kubelet with containerd and runc) or ``kwok``."""
+    mode = os.environ.get("GPULANE_NODE", "real") or "real"
+    if mode not in ("real", "kwok"):
+        raise ClusterError(f"GPULANE_NODE (make NODE=...) must be 'real' or 'kwok', not {mode!r}")
+    return mode
 
 
 def default_state_dir() -> Path:

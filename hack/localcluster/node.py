@@ -1,5 +1,6 @@
-"""The real node `gpu-real`: containerd (with runc and the CNI bridge), the kubelet and kube-proxy, joined to
-the local control plane. Opt-in (`make cluster-up NODE=real`, or GPULANE_REAL_NODE=1); `gpu-0` stays kwok's.
+"""The real node `gpu-0`: containerd (with runc and the CNI bridge), the kubelet and kube-proxy, joined to
+the local control plane. `make cluster-up` starts it; `make cluster-up NODE=kwok` (GPULANE_NODE=kwok) makes
+gpu-0 a kwok node instead, for machines where it cannot run (not root, no runc).
 
 Each setting below avoids an error seen on this machine kind; docs/development.md lists them.
 """
@@ -16,16 +17,14 @@ from typing import Any
 import yaml
 
 from . import host
+from .control_plane import node_ready
 from .errors import ClusterError, Log
 from .health import api_request, http_check, http_get, wait_for
 from .images import PAUSE_IMAGE, Image, import_images
-from .layout import GPU_RESOURCE, Layout
+from .layout import GPU_NODE, GPU_RESOURCE, Layout, node_mode
 from .processes import Proc, proc_alive
 from .state import ClusterInfo
 
-REAL_NODE = "gpu-real"
-# Pods for the real node tolerate this; everything else (the kwok lanes' pods) never lands on it.
-TAINT = {"key": "gpulane.dev/real-node", "value": "true", "effect": "NoSchedule"}
 NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
 NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
 KUBELET_PORT = 10250
@@ -37,14 +36,14 @@ RUNC = "/usr/sbin/runc"
 
 # Client certificates the node needs (file stem: CN, O), added to the cluster's PKI.
 CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "kubelet": (f"system:node:{REAL_NODE}", ("system:nodes",)),  # the Node authorizer's identity
+    "kubelet": (f"system:node:{GPU_NODE}", ("system:nodes",)),  # the Node authorizer's identity
     "kube-proxy": ("system:kube-proxy", ()),  # bound to system:node-proxier by the bootstrap policy
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),  # logs, exec
 }
 
 
 def enabled() -> bool:
-    return os.environ.get("GPULANE_REAL_NODE", "") not in ("", "0")
+    return node_mode() == "real"
 
 
 def socket_path() -> Path:
@@ -158,7 +157,6 @@ def _kubelet_config(layout: Layout) -> dict[str, Any]:
         "containerRuntimeEndpoint": f"unix://{socket_path()}",
         "podLogsDir": str(node / "pod-logs"),
         "volumePluginDir": str(node / "volume-plugins"),
-        "registerWithTaints": [TAINT],
         "nodeStatusUpdateFrequency": "4s",
         # Imported images cannot be pulled again: never garbage-collect them, never evict for disk.
         "imageGCHighThresholdPercent": 100,
@@ -185,7 +183,7 @@ def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
             str(bindir / "kubelet"),
             f"--config={node / 'kubelet.yaml'}",
             f"--kubeconfig={layout.component_kubeconfig('kubelet')}",
-            f"--hostname-override={REAL_NODE}",
+            f"--hostname-override={GPU_NODE}",
             # The kubelet rejects a loopback node IP; the bridge's gateway address is host-only.
             f"--node-ip={host.BRIDGE_IP}",
             f"--root-dir={host.RUNTIME_DIR / 'kubelet'}",
@@ -196,7 +194,7 @@ def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
             str(bindir / "kube-proxy"),
             f"--kubeconfig={layout.component_kubeconfig('kube-proxy')}",
             "--proxy-mode=nftables",
-            f"--hostname-override={REAL_NODE}",
+            f"--hostname-override={GPU_NODE}",
             f"--cluster-cidr={host.POD_SUBNET}",
             f"--nodeport-addresses={host.BRIDGE_IP}/32",
             "--masquerade-all=true",  # pod -> Service -> pod on the same bridge, without br_netfilter
@@ -210,29 +208,18 @@ def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
     }
 
 
-def node_status(layout: Layout, server: str) -> tuple[bool, str]:
-    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{REAL_NODE}")
-    if code != 200 or not isinstance(node, dict):
-        return False, f"GET node {REAL_NODE}: {code}"
-    status = node.get("status", {})
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
-    gpus = status.get("allocatable", {}).get(GPU_RESOURCE)
-    runtime = status.get("nodeInfo", {}).get("containerRuntimeVersion", "?")
-    return ready and gpus == "1", f"ready={ready} allocatable {GPU_RESOURCE}={gpus} runtime={runtime}"
-
-
 def advertise_gpu(layout: Layout, server: str) -> None:
     """The documented way to advertise an extended resource: a JSON patch of the Node's status capacity.
     It survives a kubelet restart, not a re-registration, so `up` re-applies it whenever it is missing."""
-    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{REAL_NODE}")
+    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{GPU_NODE}")
     if code == 200 and node.get("status", {}).get("capacity", {}).get(GPU_RESOURCE) == "1":
         return
     patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"}]
     code, body = api_request(
-        layout, server, "PATCH", f"/api/v1/nodes/{REAL_NODE}/status", patch, "application/json-patch+json"
+        layout, server, "PATCH", f"/api/v1/nodes/{GPU_NODE}/status", patch, "application/json-patch+json"
     )
     if code != 200:
-        raise ClusterError(f"patching {GPU_RESOURCE} into node {REAL_NODE}'s capacity failed: HTTP {code}: {body}")
+        raise ClusterError(f"patching {GPU_RESOURCE} into node {GPU_NODE}'s capacity failed: HTTP {code}: {body}")
 
 
 def start(
@@ -259,13 +246,13 @@ def start(
     )
 
     def registered() -> tuple[bool, str]:
-        code, _ = api_request(layout, server, "GET", f"/api/v1/nodes/{REAL_NODE}")
+        code, _ = api_request(layout, server, "GET", f"/api/v1/nodes/{GPU_NODE}")
         return code == 200, f"HTTP {code}"
 
-    wait_for(f"node {REAL_NODE} registered", registered, 60, kubelet)
+    wait_for(f"node {GPU_NODE} registered", registered, 60, kubelet)
     advertise_gpu(layout, server)
     proxy: Proc = launch("kube-proxy", argv["kube-proxy"])
-    wait_for(f"node {REAL_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_status(layout, server), 120, kubelet)
+    wait_for(f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kubelet)
     wait_for(
         f"kube-proxy healthz on 127.0.0.1:{PROXY_HEALTHZ}",
         http_check(f"http://127.0.0.1:{PROXY_HEALTHZ}/healthz"),
@@ -274,7 +261,7 @@ def start(
     )
     # The kubelet set its sysctls at container-manager start; put the host's values back.
     host.write_sysctls(saved.get("sysctls", {}))
-    log(f"node {REAL_NODE} is Ready (containerd, kubelet, kube-proxy) with {GPU_RESOURCE}: 1")
+    log(f"node {GPU_NODE} is Ready (containerd, kubelet, kube-proxy) with {GPU_RESOURCE}: 1")
 
 
 def component_health(info: ClusterInfo) -> dict[str, tuple[bool, str]]:

@@ -30,6 +30,11 @@ from .support import REPO, Cluster, localcluster, wait_until
 CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies")]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``last`` stop the session's cluster (test_host_given_back.py): they run after all others."""
+    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     messages: list[str] = []

@@ -1,8 +1,10 @@
 """The operator as its own process, and a small world of GpuLanes, GpuModels and GpuJobs around it.
 
 Every test gets its own kwok GPU node(s), lanes and models under unique names, so tests never share
-a GPU; its jobs live in the test's namespace. Objects are created with kubectl from real manifests
-and observed through the API, never through the operator's internals.
+a GPU (kwok nodes are tainted, and their lanes tolerate it); its jobs live in the test's namespace. Tests
+of real backend pods use the cluster's real node gpu-0 (``World.real_lane``, ``World.real_model``).
+Objects are created with kubectl from real manifests and observed through the API, never through the
+operator's internals.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ class World:
         self.custom = client.CustomObjectsApi(api)
         self.tag = uuid.uuid4().hex[:5]
         self.nodes: list[str] = []
+        self.real_lanes: list[str] = []
         self.cluster_objects: list[tuple[str, str]] = []  # (plural, name)
 
     def name(self, stem: str) -> str:
@@ -239,16 +242,13 @@ class World:
         return ready and gpus == "1"
 
     def lane(self, stem: str = "lane", node: str | None = None) -> str:
+        """A lane on ``node``, by default on a new kwok node of its own (tolerating the kwok taint)."""
         name = self.name(stem)
         node = node or self.node(f"{stem}-gpu")
-        self.apply(
-            {
-                "apiVersion": API,
-                "kind": "GpuLane",
-                "metadata": {"name": name},
-                "spec": {"nodeName": node},
-            }
-        )
+        spec: dict[str, Any] = {"nodeName": node}
+        if node in self.nodes:
+            spec["tolerations"] = [localcluster.KWOK_TOLERATION]
+        self.apply({"apiVersion": API, "kind": "GpuLane", "metadata": {"name": name}, "spec": spec})
         self.cluster_objects.append(("gpulanes", name))
         return name
 
@@ -260,6 +260,26 @@ class World:
             "expectedRunSeconds": 30,
             **spec,
         }
+        self.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": body})
+        self.cluster_objects.append(("gpumodels", name))
+        return name
+
+    def real_lane(self, stem: str = "real") -> str:
+        """A lane on the cluster's real node gpu-0, whose backend pods really run. Tests take turns on its
+        one GPU: ``cleanup`` waits until the lane's pod is gone."""
+        if not self.cluster.info.real_node:
+            raise AssertionError("this test needs the real node gpu-0; the cluster runs with GPULANE_NODE=kwok")
+        self.real_lanes.append(name := self.lane(stem, node=localcluster.GPU_NODE))
+        return name
+
+    def real_model(self, stem: str, load_seconds: float = 1.0, **spec: Any) -> str:
+        """A GpuModel served by ``gpulane fake-backend`` from the project's image (imported by ``make images``):
+        its pod is Ready once the server has "loaded" (``/health`` answers 503 for ``load_seconds``)."""
+        name = self.name(stem)
+        args = ["fake-backend", "--host", "0.0.0.0", "--port", "8000", "--model", name,
+                "--load-seconds", str(load_seconds), "--chunk-delay", "0.01"]  # fmt: skip
+        body = {"image": localcluster.images.PROJECT_IMAGE, "args": args, "loadTimeoutSeconds": 60,
+                "expectedRunSeconds": 5, **spec}  # fmt: skip
         self.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": body})
         self.cluster_objects.append(("gpumodels", name))
         return name
@@ -368,6 +388,8 @@ class World:
         for node in self.nodes:
             with contextlib.suppress(client.ApiException):
                 self.core.delete_node(node)
+        for lane in self.real_lanes:
+            wait_until(lambda lane=lane: not self.backend_pods(lane), timeout=60, what=f"lane {lane}'s pod gone")
 
 
 @contextlib.contextmanager

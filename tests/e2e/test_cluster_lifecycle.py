@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,13 +19,18 @@ pytestmark = pytest.mark.e2e
 SPARE_BASE = 27000
 
 
+def kwok_up(**kw: Any) -> localcluster.ClusterInfo:
+    """A second cluster beside the session's: without a real node (the session's holds the only one)."""
+    return localcluster.up(real_node=False, **kw)
+
+
 def test_a_taken_port_is_a_clear_error_and_nothing_starts(cluster: Cluster, tmp_path: Path) -> None:
     ports = localcluster.Ports.from_base(SPARE_BASE)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", ports.apiserver))
         holder.listen()
         with pytest.raises(localcluster.ClusterError) as err:
-            localcluster.up(log=lambda _m: None, state_dir=tmp_path / "state", ports=ports)
+            kwok_up(log=lambda _m: None, state_dir=tmp_path / "state", ports=ports)
     message = str(err.value)
     assert f"port {ports.apiserver} on 127.0.0.1 (for kube-apiserver) is already in use" in message
     assert "GPULANE_CLUSTER_PORT_BASE" in message
@@ -39,16 +45,14 @@ def test_a_missing_binary_is_a_clear_error(cluster: Cluster, tmp_path: Path, mon
             (bindir / name).symlink_to(cluster.binary(name))
     monkeypatch.setenv("GPULANE_TOOLS_BIN", str(bindir))
     with pytest.raises(localcluster.ClusterError) as err:
-        localcluster.up(
-            log=lambda _m: None, state_dir=tmp_path / "state", ports=localcluster.Ports.from_base(SPARE_BASE)
-        )
+        kwok_up(log=lambda _m: None, state_dir=tmp_path / "state", ports=localcluster.Ports.from_base(SPARE_BASE))
     assert f"missing binaries in {bindir}: kwok" in str(err.value)
     assert "make tools" in str(err.value)
 
 
 def test_down_stops_exactly_the_processes_its_up_started(cluster: Cluster, tmp_path: Path) -> None:
     state = tmp_path / "second"
-    second = localcluster.up(log=lambda _m: None, state_dir=state, ports=localcluster.Ports.from_base(SPARE_BASE))
+    second = kwok_up(log=lambda _m: None, state_dir=state, ports=localcluster.Ports.from_base(SPARE_BASE))
     try:
         assert second.started
         assert [p.component for p in second.procs] == list(localcluster.COMPONENTS)
@@ -76,9 +80,9 @@ def test_the_last_user_of_a_shared_cluster_stops_it(cluster: Cluster, tmp_path: 
     ports = localcluster.Ports.from_base(SPARE_BASE)
     other = subprocess.Popen(["sleep", "300"])  # stands in for a second pytest session (a live PID)
     try:
-        first = localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, user=os.getpid())
+        first = kwok_up(log=lambda _m: None, state_dir=state, ports=ports, user=os.getpid())
         assert first.started
-        reused = localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, user=other.pid)
+        reused = kwok_up(log=lambda _m: None, state_dir=state, ports=ports, user=other.pid)
         assert not reused.started
         assert [p.pid for p in reused.procs] == [p.pid for p in first.procs]
 
@@ -116,7 +120,7 @@ def test_a_component_that_dies_on_start_is_reported_with_its_log(
     monkeypatch.setenv("GPULANE_TOOLS_BIN", str(bindir))
     state = tmp_path / "state"
     with pytest.raises(localcluster.ClusterError) as err:
-        localcluster.up(log=lambda _m: None, state_dir=state, ports=localcluster.Ports.from_base(SPARE_BASE))
+        kwok_up(log=lambda _m: None, state_dir=state, ports=localcluster.Ports.from_base(SPARE_BASE))
     message = str(err.value)
     log = state / "logs" / "kube-apiserver.log"
     assert f"kube-apiserver exited while waiting for kube-apiserver /readyz; see {log}" in message

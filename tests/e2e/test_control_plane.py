@@ -1,6 +1,6 @@
 """Proof that the local control plane is a real one (issue 3): the apiserver validates CRD schemas, the
-scheduler accounts for the simulated GPU, the controller-manager runs its controllers, and the binaries
-carry real version stamps."""
+scheduler accounts for a kwok node's GPU and its taint, the controller-manager runs its controllers, and the
+binaries carry real version stamps."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,24 +80,38 @@ def test_crd_schema_violation_is_rejected_by_the_apiserver(cluster: Cluster) -> 
         cluster.kubectl("delete", "crd", f"widgets.{group}", "--wait=false", check=False)
 
 
-def _gpu_pod(name: str) -> client.V1Pod:
+@pytest.fixture
+def kwok_node(core_v1: client.CoreV1Api) -> Iterator[str]:
+    """A kwok node of this test's own, with one GPU and kwok's taint."""
+    name = f"kwok-{uuid.uuid4().hex[:6]}"
+    manifest = localcluster.gpu_node_manifest(name)
+    core_v1.create_node(manifest)
+    core_v1.patch_node_status(name, {"status": manifest["status"]})
+    yield name
+    core_v1.delete_node(name)
+
+
+def _kwok_pod(name: str, node: str, gpu: bool = True, tolerate: bool = True, **meta: Any) -> client.V1Pod:
+    limits = {GPU: "1"} if gpu else {}
     return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name),
+        metadata=client.V1ObjectMeta(name=name, **meta),
         spec=client.V1PodSpec(
             containers=[
                 client.V1Container(
                     name="backend",
                     image="gpulane.invalid/backend:e2e",  # never pulled: kwok simulates the kubelet
-                    resources=client.V1ResourceRequirements(limits={GPU: "1"}, requests={GPU: "1"}),
+                    resources=client.V1ResourceRequirements(limits=limits, requests=limits),
                 )
             ],
+            node_selector={"kubernetes.io/hostname": node},
+            tolerations=[localcluster.KWOK_TOLERATION] if tolerate else None,
             termination_grace_period_seconds=1,
         ),
     )
 
 
-def _gpu_holders(core_v1: client.CoreV1Api) -> list[str]:
-    pods = core_v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=gpu-0").items
+def _gpu_holders(core_v1: client.CoreV1Api, node: str) -> list[str]:
+    pods = core_v1.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
     return [
         f"{p.metadata.namespace}/{p.metadata.name}"
         for p in pods
@@ -109,24 +124,27 @@ def _scheduled_condition(pod: client.V1Pod) -> Any:
     return next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
 
 
-def test_gpu_pods_are_scheduled_one_at_a_time(cluster: Cluster, core_v1: client.CoreV1Api, namespace: str) -> None:
-    node = core_v1.read_node("gpu-0")
+def test_gpu_pods_are_scheduled_one_at_a_time(
+    cluster: Cluster, core_v1: client.CoreV1Api, namespace: str, kwok_node: str
+) -> None:
+    """On a kwok node: the scheduler's accounting of nvidia.com/gpu (test_real_node checks the real one)."""
+    wait_until(lambda: _ready(core_v1, kwok_node), timeout=60, what=f"node {kwok_node} Ready")
+    node = core_v1.read_node(kwok_node)
     assert node.status.allocatable[GPU] == "1" and node.status.capacity[GPU] == "1"
-    # Another test's pods may still be terminating: the GPU must be free before we start.
-    wait_until(lambda: not _gpu_holders(core_v1) or None, timeout=90, what="gpu-0 to have no GPU pods")
+    assert not _gpu_holders(core_v1, kwok_node)
 
-    core_v1.create_namespaced_pod(namespace, _gpu_pod("first"))
+    core_v1.create_namespaced_pod(namespace, _kwok_pod("first", kwok_node))
 
     def running(name: str) -> client.V1Pod | None:
         pod = core_v1.read_namespaced_pod(name, namespace)
         return pod if pod.status.phase == "Running" else None
 
     first = wait_until(lambda: running("first"), timeout=60, what="pod first to be Running")
-    assert first.spec.node_name == "gpu-0"
+    assert first.spec.node_name == kwok_node
     assert first.status.pod_ip, "kwok gives a running pod an IP"
     assert all(cs.ready for cs in first.status.container_statuses)
 
-    core_v1.create_namespaced_pod(namespace, _gpu_pod("second"))
+    core_v1.create_namespaced_pod(namespace, _kwok_pod("second", kwok_node))
 
     def unschedulable() -> Any:
         cond = _scheduled_condition(core_v1.read_namespaced_pod("second", namespace))
@@ -151,25 +169,54 @@ def test_gpu_pods_are_scheduled_one_at_a_time(cluster: Cluster, core_v1: client.
 
     core_v1.delete_namespaced_pod("first", namespace)
     second = wait_until(lambda: running("second"), timeout=90, what="pod second to be Running after first is gone")
-    assert second.spec.node_name == "gpu-0"
+    assert second.spec.node_name == kwok_node
     with pytest.raises(client.ApiException) as gone:
         core_v1.read_namespaced_pod("first", namespace)
     assert gone.value.status == 404
 
 
-def test_kwok_ready_delay_annotation_simulates_a_slow_start(core_v1: client.CoreV1Api, namespace: str) -> None:
-    """hack/kwok/stages.yaml: a bound pod with gpulane.dev/kwok-ready-delay stays Pending for that long."""
-    pod = client.V1Pod(
-        metadata=client.V1ObjectMeta(name="slow", annotations={"gpulane.dev/kwok-ready-delay": "4s"}),
-        spec=client.V1PodSpec(containers=[client.V1Container(name="c", image="gpulane.invalid/slow:e2e")]),
+def test_a_kwok_node_takes_only_pods_that_tolerate_its_taint(
+    core_v1: client.CoreV1Api, namespace: str, kwok_node: str
+) -> None:
+    """A pod meant for real containers never lands on a kwok node, which runs none."""
+    wait_until(lambda: _ready(core_v1, kwok_node), timeout=60, what=f"node {kwok_node} Ready")
+    core_v1.create_namespaced_pod(namespace, _kwok_pod("untolerated", kwok_node, gpu=False, tolerate=False))
+
+    def unschedulable() -> Any:
+        cond = _scheduled_condition(core_v1.read_namespaced_pod("untolerated", namespace))
+        return cond if cond is not None and cond.status == "False" else None
+
+    cond = wait_until(unschedulable, timeout=60, what="pod untolerated to be marked unschedulable")
+    assert "1 node(s) had untolerated taint(s)" in cond.message, cond.message
+    taints = core_v1.read_node(kwok_node).spec.taints
+    assert [(t.key, t.value, t.effect) for t in taints] == [tuple(localcluster.KWOK_TAINT.values())]
+    core_v1.create_namespaced_pod(namespace, _kwok_pod("tolerated", kwok_node, gpu=False))
+    bound = wait_until(
+        lambda: (p := core_v1.read_namespaced_pod("tolerated", namespace)).status.phase == "Running" and p,
+        timeout=60,
+        what="pod tolerated to be Running",
     )
+    assert bound.spec.node_name == kwok_node
+
+
+def _ready(core_v1: client.CoreV1Api, node: str) -> bool:
+    conditions = core_v1.read_node(node).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def test_kwok_ready_delay_annotation_simulates_a_slow_start(
+    core_v1: client.CoreV1Api, namespace: str, kwok_node: str
+) -> None:
+    """hack/kwok/stages.yaml: a bound pod with gpulane.dev/kwok-ready-delay stays Pending for that long."""
+    wait_until(lambda: _ready(core_v1, kwok_node), timeout=60, what=f"node {kwok_node} Ready")
+    pod = _kwok_pod("slow", kwok_node, gpu=False, annotations={"gpulane.dev/kwok-ready-delay": "4s"})
     core_v1.create_namespaced_pod(namespace, pod)
     bound = wait_until(
         lambda: (p := core_v1.read_namespaced_pod("slow", namespace)).spec.node_name and p,
         timeout=30,
         what="pod slow to be bound",
     )
-    assert bound.spec.node_name == "gpu-0"
+    assert bound.spec.node_name == kwok_node
     assert bound.status.phase == "Pending"
     scheduled = _scheduled_condition(bound)
     assert scheduled is not None and scheduled.status == "True"
@@ -272,7 +319,8 @@ def test_helm_installs_a_chart_and_waits_for_its_deployment(
     cluster: Cluster, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path
 ) -> None:
     """Helm's kubeVersion check sees the stamped version, and `--wait` sees a Deployment become available:
-    kube-controller-manager makes the ReplicaSet and Pod, kube-scheduler binds it, kwok runs it."""
+    kube-controller-manager makes the ReplicaSet and Pods, kube-scheduler binds them to the real node gpu-0
+    (never to a tainted kwok node), and its kubelet runs them."""
     chart = tmp_path / "e2e-chart"
     (chart / "templates").mkdir(parents=True)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: e2e-chart\nversion: 0.1.0\nkubeVersion: '>=1.30.0-0'\n")
@@ -291,11 +339,14 @@ def test_helm_installs_a_chart_and_waits_for_its_deployment(
                 metadata:
                   labels: {app: {{ .Release.Name }}-backend}
                 spec:
+                  terminationGracePeriodSeconds: 1
                   containers:
                   - name: backend
-                    image: gpulane.invalid/backend:e2e
+                    image: IMAGE_REF
+                    imagePullPolicy: Never
+                    command: [python3, -c, "import time; time.sleep(3600)"]
             """
-        )
+        ).replace("IMAGE_REF", localcluster.images.PROJECT_IMAGE)
     )
     cluster.helm("install", "demo", str(chart), "-n", namespace, "--wait", "--timeout", "90s")
     status = json.loads(cluster.helm("status", "demo", "-n", namespace, "-o", "json").stdout)

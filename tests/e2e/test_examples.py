@@ -1,6 +1,10 @@
-"""The README's tour: examples/ applied with kubectl, on the cluster's own node gpu-0."""
+"""The README's tour: examples/ applied with kubectl, on the cluster's own real node gpu-0, where each
+model's backend pod really runs its server."""
 
 from __future__ import annotations
+
+import json
+import urllib.request
 
 import pytest
 from kubernetes import client
@@ -20,7 +24,9 @@ def test_the_image_overtakes_the_films_queued_shots(
     try:
         for name in ("00-lane.yaml", "01-models.yaml", "02-film.yaml"):
             cluster.kubectl("apply", "-f", str(EXAMPLES / name))
-        world.wait_phase("film-shot-1", "Running")
+        running = world.wait_phase("film-shot-1", "Running")
+        with urllib.request.urlopen(f"{running['endpoint']}/v1/models", timeout=5) as resp:
+            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["h3-video"], "the pod's own server"
         cluster.kubectl("apply", "-f", str(EXAMPLES / "03-image.yaml"))
         world.wait_phase("bobs-image", "Pending")
         assert world.status("bobs-image")["position"] == 1

@@ -1,17 +1,15 @@
-"""The real node (issue 7, phase 1): a kubelet with containerd and runc, named gpu-real, joined to a local
-control plane of its own, beside the session's kwok cluster (which these tests never touch).
+"""The real node gpu-0 (issue 7): a kubelet with containerd and runc, joined to the session's cluster. Pods
+from the project's image run there for real: readiness probes, pod IPs the host reaches, the GPU as a
+scheduling constraint, in-cluster config with RBAC, a webhook behind a Service, `kubectl logs` and `exec`.
 
-The module's fixture starts that cluster with ``up(real_node=True)`` in its own state directory and port
-base, after taking a snapshot of everything on the host the node may change; the last test stops it and
-checks, item by item, that the host is as it was.
+That the host is given back when the node stops is checked at the very end of the session
+(test_host_given_back.py), when no other test needs the node.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -28,49 +26,15 @@ from .support import Cluster, localcluster, make_serving_cert, wait_until
 pytestmark = pytest.mark.e2e
 
 # Away from the session's cluster (16000) and the lifecycle tests' (27000).
-REAL_BASE = 26000
-# How long the fixture waits for another session's real node (this file takes about 80 s).
-LOCK_WAIT = 600.0
-NODE = localcluster.node.REAL_NODE
+SPARE_BASE = 28000
+NODE = localcluster.GPU_NODE
 IMAGE = localcluster.images.PROJECT_IMAGE
-host = localcluster.host
-
-
-@dataclass
-class HostSnapshot:
-    """What the real node may change on the host, as read before it starts."""
-
-    sysctls: dict[str, str]
-    links: list[str]
-    mounts: list[str]
-    nft: str
-    iptables: str
-    paths: dict[str, bool]
-
-    @classmethod
-    def take(cls) -> HostSnapshot:
-        links = json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True, check=True).stdout)
-        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-        return cls(
-            sysctls=host.read_sysctls(),
-            links=sorted(link["ifname"] for link in links),
-            mounts=sorted(mounts),
-            nft=subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout,
-            iptables=_iptables(),
-            paths={p: os.path.lexists(p) for p in (*host.FIXED_PATHS, str(host.RUN_DIR))},
-        )
-
-
-def _iptables() -> str:
-    out = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
-    return "\n".join(line for line in out.splitlines() if not line.startswith("#"))
 
 
 @dataclass
 class RealCluster:
     cluster: Cluster
-    before: HostSnapshot
-    state: Path
+    namespaces: list[str]
 
     def kubectl(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, **kw)
@@ -78,6 +42,7 @@ class RealCluster:
     def namespace(self) -> str:
         name = f"real-{uuid.uuid4().hex[:6]}"
         self.kubectl("create", "namespace", name)
+        self.namespaces.append(name)
         wait_until(
             lambda: self.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
             timeout=60,
@@ -101,7 +66,6 @@ class RealCluster:
             "metadata": {"name": name, "namespace": ns},
             "spec": {
                 "nodeSelector": {"kubernetes.io/hostname": NODE},
-                "tolerations": [{"key": localcluster.node.TAINT["key"], "operator": "Exists"}],
                 "terminationGracePeriodSeconds": 1,
                 "containers": [container],
                 **spec,
@@ -119,30 +83,14 @@ class RealCluster:
         return self.get_pod(ns, name)
 
 
-def up_when_free(log: localcluster.Log, state: Path, base: int) -> localcluster.ClusterInfo:
-    """``up`` with the real node; while another pytest session on this machine runs its own (one per
-    machine), wait for it."""
-    deadline = time.monotonic() + LOCK_WAIT
-    while True:
-        try:
-            return localcluster.up(log=log, state_dir=state, ports=localcluster.Ports.from_base(base), real_node=True)
-        except localcluster.ClusterError as exc:
-            if "another real node runs on this machine" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(2)
-
-
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    before = HostSnapshot.take()
-    state = tmp_path_factory.mktemp("real-node") / "state"
-    messages: list[str] = []
-    try:
-        info = up_when_free(messages.append, state, REAL_BASE)
-    except localcluster.ClusterError as exc:
-        pytest.fail("the real node could not be started:\n" + "\n".join(messages) + f"\n{exc}", pytrace=False)
-    yield RealCluster(Cluster(info, True), before, state)
-    localcluster.down(log=lambda _m: None, state_dir=state)  # a no-op when the last test already did
+@pytest.fixture
+def real(cluster: Cluster) -> Iterator[RealCluster]:
+    """The session's cluster, which must run the real node; the test's namespaces are deleted afterwards."""
+    assert cluster.info.real_node == NODE, "the cluster runs without the real node (GPULANE_NODE=kwok)"
+    real = RealCluster(cluster, [])
+    yield real
+    for ns in real.namespaces:
+        real.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_a_pod_from_the_project_image_is_ready_and_answers_on_its_pod_ip(real: RealCluster) -> None:
@@ -324,12 +272,12 @@ def test_a_webhook_served_by_a_pod_behind_a_service_admits_and_refuses(real: Rea
 
 def test_kubectl_logs_and_exec(real: RealCluster) -> None:
     ns = real.namespace()
-    real.pod(ns, "talker", ["python3", "-c", "print('hello from gpu-real', flush=True); import time; time.sleep(3600)"])
+    real.pod(ns, "talker", ["python3", "-c", "print('hello from gpu-0', flush=True); import time; time.sleep(3600)"])
     real.wait_ready(ns, "talker")
     logs = wait_until(
         lambda: "hello" in (out := real.kubectl("logs", "talker", "-n", ns).stdout) and out, timeout=20, what="logs"
     )
-    assert "hello from gpu-real" in logs
+    assert "hello from gpu-0" in logs
     release = real.kubectl("exec", "talker", "-n", ns, "--", "cat", "/etc/os-release").stdout
     assert "bookworm" in release
     ident = real.kubectl(
@@ -348,24 +296,33 @@ def test_kubectl_logs_and_exec(real: RealCluster) -> None:
 
 
 def test_up_reuses_a_running_real_node_and_never_restarts_a_cluster_without_one(
-    real: RealCluster, cluster: Cluster
+    real: RealCluster, cluster: Cluster, tmp_path: Path
 ) -> None:
-    again = localcluster.up(log=lambda _m: None, state_dir=real.state, ports=localcluster.Ports.from_base(REAL_BASE))
+    again = localcluster.up(log=lambda _m: None, state_dir=cluster.info.state_dir, ports=cluster.info.ports)
     assert not again.started and again.real_node == NODE
-    assert [p.pid for p in again.procs] == [p.pid for p in real.cluster.info.procs]
-    # The session's kwok cluster: asking it for the real node is an error, and it keeps running.
-    with pytest.raises(localcluster.ClusterError) as err:
-        localcluster.up(log=lambda _m: None, state_dir=cluster.info.state_dir, ports=cluster.info.ports, real_node=True)
-    assert "a cluster without the real node runs in" in str(err.value)
-    ok, text = localcluster.status(state_dir=cluster.info.state_dir)
-    assert ok, text
+    assert [p.pid for p in again.procs] == [p.pid for p in cluster.info.procs]
+    # A cluster that runs without it: asking it for the real node is an error, and it keeps running.
+    state, ports = tmp_path / "kwok-only", localcluster.Ports.from_base(SPARE_BASE)
+    localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, real_node=False)
+    try:
+        with pytest.raises(localcluster.ClusterError) as err:
+            localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, real_node=True)
+        assert "a cluster without the real node runs in" in str(err.value)
+        ok, text = localcluster.status(state_dir=state)
+        assert ok, text
+        assert "runtime=kwok" in text
+    finally:
+        localcluster.down(log=lambda _m: None, state_dir=state)
 
 
 def test_missing_node_packages_are_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(localcluster.node, "RUNC", str(tmp_path / "no-runc"))
     with pytest.raises(localcluster.ClusterError) as err:
         localcluster.up(
-            log=lambda _m: None, state_dir=tmp_path / "state", ports=localcluster.Ports.from_base(28000), real_node=True
+            log=lambda _m: None,
+            state_dir=tmp_path / "state",
+            ports=localcluster.Ports.from_base(SPARE_BASE),
+            real_node=True,
         )
     assert f"the real node needs {tmp_path / 'no-runc'}" in str(err.value)
     assert "make node-deps" in str(err.value)
@@ -397,59 +354,10 @@ def test_the_image_assembler_refuses_what_docker_would_do_differently(
 def test_a_second_real_node_on_the_machine_is_refused(real: RealCluster, tmp_path: Path) -> None:
     with pytest.raises(localcluster.ClusterError) as err:
         localcluster.up(
-            log=lambda _m: None, state_dir=tmp_path / "state", ports=localcluster.Ports.from_base(28000), real_node=True
+            log=lambda _m: None, state_dir=tmp_path / "state", ports=localcluster.Ports.from_base(SPARE_BASE)
         )
     assert "another real node runs on this machine" in str(err.value)
-    assert str(real.state) in str(err.value), "the message names the holder's state dir"
+    assert str(real.cluster.info.state_dir) in str(err.value), "the message names the holder's state dir"
     assert not (tmp_path / "state").exists()
-    ok, text = localcluster.status(state_dir=real.state)
+    ok, text = localcluster.status(state_dir=real.cluster.info.state_dir)
     assert ok, text
-
-
-def test_down_leaves_nothing_behind_even_after_a_killed_run(real: RealCluster, tmp_path: Path) -> None:
-    """Kill every process of the running cluster (as a killed session would leave it), start a new real
-    node (its `up` gives back the stale host state first), then `down` it and compare the host with the
-    snapshot taken before the first start: processes, mounts, the bridge, netfilter rules, cgroups, files
-    in the fixed host paths, and the sysctls."""
-    killed = localcluster.running(state_dir=real.state)
-    assert killed is not None
-    for proc in killed.procs:
-        os.kill(proc.pid, signal.SIGKILL)
-    wait_until(lambda: not any(localcluster.proc_alive(p) for p in killed.procs), timeout=10, what="the killed cluster")
-    state = tmp_path / "after-kill"
-    info = localcluster.up(
-        log=lambda _m: None, state_dir=state, ports=localcluster.Ports.from_base(REAL_BASE), real_node=True
-    )
-    ok, text = localcluster.status(state_dir=state)
-    assert ok, text
-    socket = str(localcluster.node.socket_path())
-    assert localcluster.down(log=lambda _m: None, state_dir=state)
-    localcluster.down(log=lambda _m: None, state_dir=real.state)  # what is left of the killed one's state dir
-
-    after = HostSnapshot.take()
-    for proc in [*killed.procs, *info.procs]:
-        assert not localcluster.proc_alive(proc), f"{proc.component} (pid {proc.pid}) still runs"
-    assert host.shim_pids(socket) == [], "containerd shims left"
-    assert after.mounts == real.before.mounts
-    assert host.BRIDGE not in after.links and after.links == real.before.links
-    assert after.nft == real.before.nft
-    assert after.iptables == real.before.iptables
-    assert host.cgroup_dirs() == [], "kubepods cgroups left"
-    assert after.paths == real.before.paths
-    assert after.sysctls == real.before.sysctls
-    assert not state.exists() and not real.state.exists()
-
-
-def test_a_foreign_interface_named_like_the_bridge_is_a_clear_error(tmp_path: Path) -> None:
-    """Runs after the module's node is down: an interface gpulane0 that is not ours is never taken (nor
-    deleted at teardown)."""
-    subprocess.run(["ip", "link", "add", host.BRIDGE, "type", "bridge"], check=True)
-    try:
-        with pytest.raises(localcluster.ClusterError) as err:
-            up_when_free(lambda _m: None, tmp_path / "state", 28000)
-        assert f"a network interface {host.BRIDGE} already exists on this host" in str(err.value)
-        assert Path(f"/sys/class/net/{host.BRIDGE}").exists(), "the foreign interface was removed"
-        assert not host.RUN_DIR.exists(), "the host record and lock were left behind"
-        assert not (tmp_path / "state" / "cluster.json").exists()
-    finally:
-        subprocess.run(["ip", "link", "del", host.BRIDGE], check=False)
