@@ -334,7 +334,9 @@ class World:
         order: list[str] = []
         deadline = time.monotonic() + timeout
         while set(order) != names:
-            assert time.monotonic() < deadline, f"only {order} ran of {sorted(names)}"
+            if time.monotonic() > deadline:
+                left = {n: {k: self.status(n).get(k) for k in ("phase", "reason")} for n in names - set(order)}
+                raise AssertionError(f"only {order} ran of {sorted(names)}; the others: {left}")
             running = [
                 j["metadata"]["name"]
                 for j in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["items"]

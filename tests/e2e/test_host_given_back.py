@@ -108,17 +108,19 @@ def test_down_leaves_nothing_behind_even_after_a_killed_run(stopped: Stopped, tm
     snapshot taken before the first start, item by item."""
     before = HostSnapshot.take()
     ports = localcluster.Ports.from_base(REAL_BASE)
-    first = tmp_path / "first"
-    killed = localcluster.up(log=lambda _m: None, state_dir=first, ports=ports, real_node=True)
-    for proc in killed.procs:
-        os.kill(proc.pid, signal.SIGKILL)
-    wait_until(lambda: not any(localcluster.proc_alive(p) for p in killed.procs), timeout=10, what="the killed cluster")
-    state = tmp_path / "after-kill"
-    info = localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, real_node=True)
-    ok, text = localcluster.status(state_dir=state)
-    assert ok, text
-    assert localcluster.down(log=lambda _m: None, state_dir=state)
-    localcluster.down(log=lambda _m: None, state_dir=first)  # what is left of the killed one's state dir
+    first, state = tmp_path / "first", tmp_path / "after-kill"
+    try:
+        killed = localcluster.up(log=lambda _m: None, state_dir=first, ports=ports, real_node=True)
+        for proc in killed.procs:
+            os.kill(proc.pid, signal.SIGKILL)
+        wait_until(lambda: not any(localcluster.proc_alive(p) for p in killed.procs), what="the killed cluster")
+        info = localcluster.up(log=lambda _m: None, state_dir=state, ports=ports, real_node=True)
+        ok, text = localcluster.status(state_dir=state)
+        assert ok, text
+        assert localcluster.down(log=lambda _m: None, state_dir=state)
+    finally:
+        localcluster.down(log=lambda _m: None, state_dir=state)  # a no-op unless an assertion failed above
+        localcluster.down(log=lambda _m: None, state_dir=first)  # what is left of the killed one's state dir
 
     after = HostSnapshot.take()
     for proc in [*killed.procs, *info.procs]:
