@@ -177,7 +177,7 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         )
         write_kubeconfig(layout.kubeconfig, server, layout.pki, "admin")
         clients = ("kube-scheduler", "kube-controller-manager", "kwok") + (
-            ("kubelet", "kube-proxy") if real_node else ()
+            ("kubelet", "kube-proxy", "coredns") if real_node else ()
         )
         for comp in clients:
             write_kubeconfig(layout.component_kubeconfig(comp), server, layout.pki, comp)
@@ -222,7 +222,7 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
 
         wait_for("ServiceAccount default/default (created by kube-controller-manager)", default_sa, 120, kcm)
         if real_node:
-            log(f"starting the real node {GPU_NODE}: containerd, kubelet, kube-proxy")
+            log(f"starting the real node {GPU_NODE}: containerd, CoreDNS, kubelet, kube-proxy")
             node.start(layout, bindir, server, lock_fd, images, launch, log)
     except BaseException as exc:
         log(f"cluster start failed: {exc}\nstopping what was started; logs are kept in {layout.logs}")

@@ -25,12 +25,16 @@ from .layout import GPU_NODE, GPU_RESOURCE, Layout, node_mode
 from .processes import Proc, proc_alive
 from .state import ClusterInfo
 
-NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
-NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
+NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "coredns")
+NODE_COMPONENTS = ("containerd", "coredns", "kubelet", "kube-proxy")
 KUBELET_PORT = 10250
 KUBELET_HEALTHZ = 10248
 PROXY_HEALTHZ = 10256
 PROXY_METRICS = 10249
+DNS_HEALTH = 10260
+DNS_READY = 10261
+CLUSTER_DOMAIN = "cluster.local"
+DNS_USER = "gpulane:coredns"
 CNI_BIN_DIR = "/usr/lib/cni"
 RUNC = "/usr/sbin/runc"
 
@@ -39,7 +43,33 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kubelet": (f"system:node:{GPU_NODE}", ("system:nodes",)),  # the Node authorizer's identity
     "kube-proxy": ("system:kube-proxy", ()),  # bound to system:node-proxier by the bootstrap policy
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),  # logs, exec
+    "coredns": (DNS_USER, ()),  # bound to the ClusterRole below, nothing more
 }
+# What CoreDNS's kubernetes plugin watches (with `pods disabled`, the default): no pods, no get, no writes.
+DNS_RBAC: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": DNS_USER},
+            "rules": [
+                {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+            ],
+        },
+    ),
+    (
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": DNS_USER},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": DNS_USER},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": DNS_USER}],
+        },
+    ),
+)
 
 
 def enabled() -> bool:
@@ -163,7 +193,31 @@ def _kubelet_config(layout: Layout) -> dict[str, Any]:
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "serializeImagePulls": False,
+        # CoreDNS on the bridge address (below): pods with the default dnsPolicy resolve Services by name.
+        "clusterDNS": [host.BRIDGE_IP],
+        "clusterDomain": CLUSTER_DOMAIN,
     }
+
+
+def _corefile(layout: Layout) -> str:
+    """Names of the cluster from the API; every other name from the host's resolver."""
+    return f"""{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{
+    bind {host.BRIDGE_IP}
+    errors
+    health 127.0.0.1:{DNS_HEALTH}
+    ready 127.0.0.1:{DNS_READY}
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
+        kubeconfig {layout.component_kubeconfig("coredns")} gpulane-local
+    }}
+    cache 5
+}}
+.:53 {{
+    bind {host.BRIDGE_IP}
+    errors
+    forward . /etc/resolv.conf
+    cache 30
+}}
+"""
 
 
 def write_configs(layout: Layout) -> None:
@@ -173,12 +227,14 @@ def write_configs(layout: Layout) -> None:
     (node / "containerd.toml").write_text(_containerd_config(layout))
     (node / "cni" / "net.d" / "10-gpulane.conflist").write_text(json.dumps(_cni_config(layout), indent=2))
     (node / "kubelet.yaml").write_text(yaml.safe_dump(_kubelet_config(layout), sort_keys=False))
+    (node / "Corefile").write_text(_corefile(layout))
 
 
 def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
     node = layout.node
     return {
         "containerd": [str(bindir / "containerd"), f"--config={node / 'containerd.toml'}"],
+        "coredns": [str(bindir / "coredns"), "-conf", str(node / "Corefile")],
         "kubelet": [
             str(bindir / "kubelet"),
             f"--config={node / 'kubelet.yaml'}",
@@ -225,8 +281,8 @@ def advertise_gpu(layout: Layout, server: str) -> None:
 def start(
     layout: Layout, bindir: Path, server: str, lock_fd: int, images: list[Image], launch: Callable[..., Proc], log: Log
 ) -> None:
-    """Start containerd, import the images, start the kubelet and kube-proxy; wait until the node is Ready
-    with the GPU. ``launch(component, argv, pass_fds)`` starts and records a process."""
+    """Start containerd, import the images, start CoreDNS, the kubelet and kube-proxy; wait until the node is
+    Ready with the GPU. ``launch(component, argv, pass_fds)`` starts and records a process."""
     write_configs(layout)
     argv = _argv(layout, bindir)
     saved = host.load_record() or {}
@@ -237,6 +293,7 @@ def start(
 
     wait_for("containerd (ctr version)", lambda: _ctr_ok(ctr), 60, containerd)
     import_images(ctr, images, log)
+    _start_dns(layout, server, argv["coredns"], launch)
     kubelet: Proc = launch("kubelet", argv["kubelet"], (lock_fd,))
     wait_for(
         f"kubelet healthz on 127.0.0.1:{KUBELET_HEALTHZ}",
@@ -261,18 +318,29 @@ def start(
     )
     # The kubelet set its sysctls at container-manager start; put the host's values back.
     host.write_sysctls(saved.get("sysctls", {}))
-    log(f"node {GPU_NODE} is Ready (containerd, kubelet, kube-proxy) with {GPU_RESOURCE}: 1")
+    log(f"node {GPU_NODE} is Ready (containerd, CoreDNS, kubelet, kube-proxy) with {GPU_RESOURCE}: 1")
+
+
+def _start_dns(layout: Layout, server: str, argv: list[str], launch: Callable[..., Proc]) -> None:
+    for path, body in DNS_RBAC:
+        code, answer = api_request(layout, server, "POST", path, body)
+        if code not in (201, 409):
+            raise ClusterError(f"creating {body['kind']} {DNS_USER} failed: HTTP {code}: {answer}")
+    coredns: Proc = launch("coredns", argv)
+    # /ready answers 200 once the kubernetes plugin has listed Services and EndpointSlices.
+    wait_for(f"CoreDNS ready on 127.0.0.1:{DNS_READY}", http_check(f"http://127.0.0.1:{DNS_READY}/ready"), 60, coredns)
 
 
 def component_health(info: ClusterInfo) -> dict[str, tuple[bool, str]]:
-    """containerd answers `ctr version`; the kubelet and kube-proxy answer their healthz."""
+    """containerd answers `ctr version`; CoreDNS, the kubelet and kube-proxy answer their health endpoints."""
 
-    def healthz(port: int) -> tuple[bool, str]:
-        code, _ = http_get(f"http://127.0.0.1:{port}/healthz", timeout=2.0)
-        return code == 200, f"http://127.0.0.1:{port}/healthz -> {code}"
+    def healthz(port: int, path: str = "/healthz") -> tuple[bool, str]:
+        code, _ = http_get(f"http://127.0.0.1:{port}{path}", timeout=2.0)
+        return code == 200, f"http://127.0.0.1:{port}{path} -> {code}"
 
     checks = {
         "containerd": lambda: _ctr_ok(ctr_command(info.bindir)),
+        "coredns": lambda: healthz(DNS_HEALTH, "/health"),
         "kubelet": lambda: healthz(KUBELET_HEALTHZ),
         "kube-proxy": lambda: healthz(PROXY_HEALTHZ),
     }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the local control-plane tools (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
-# etcd, kwok, helm) and the real node's (kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr)
+# etcd, kwok, helm) and the real node's (kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr, coredns)
 # from the pinned Go tool modules under hack/tools/*, into a cache directory outside the repository. The cache directory is keyed by the pinned versions and a hash of the go.mod/go.sum files,
 # so a warm machine never rebuilds, and a version bump builds into a new directory.
 #
@@ -31,7 +31,8 @@ ETCD_VERSION=$(modver etcd go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver kwok sigs.k8s.io/kwok)
 HELM_VERSION=$(modver helm helm.sh/helm/v3)
 CONTAINERD_VERSION=$(modver containerd github.com/containerd/containerd/v2)
-for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CONTAINERD_VERSION; do
+COREDNS_VERSION=$(modver coredns github.com/coredns/coredns)
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CONTAINERD_VERSION COREDNS_VERSION; do
   [[ -n ${!v} ]] || die "could not read $v from hack/tools/*/go.mod"
 done
 
@@ -39,12 +40,12 @@ command -v "$GO" >/dev/null 2>&1 || die "'$GO' not found: install Go ($(awk '/^g
 GO_VERSION=$("$GO" env GOVERSION)
 
 HASH=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum | { echo "recipe=$RECIPE"; cat; } | sha256sum | cut -c1-10)
-KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}_${GO_VERSION}_${HASH}"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}_coredns-${COREDNS_VERSION}_${GO_VERSION}_${HASH}"
 CACHE_ROOT=${GPULANE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulane/tools}
 KEYDIR="$CACHE_ROOT/$KEY"
 BINDIR="$KEYDIR/bin"
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok helm
-  kubelet kube-proxy containerd containerd-shim-runc-v2 ctr)
+  kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns)
 
 missing() {
   local b out=()
@@ -56,8 +57,8 @@ case "${1:-}" in
   --bindir) echo "$BINDIR"; exit 0 ;;
   --check) [[ -z "$(missing)" ]]; exit $? ;;
   --versions)
-    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ngo %s\nkey %s\n' \
-      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$GO_VERSION" "$KEY"
+    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ncoredns %s\ngo %s\nkey %s\n' \
+      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$COREDNS_VERSION" "$GO_VERSION" "$KEY"
     exit 0 ;;
   "") ;;
   *) die "unknown argument '$1' (use --bindir, --check or --versions)" ;;
@@ -128,8 +129,14 @@ if need containerd containerd-shim-runc-v2 ctr; then
   for b in containerd containerd-shim-runc-v2 ctr; do publish "$b"; done
 fi
 
+if need coredns; then
+  # The module root is CoreDNS's main package; it links every in-tree plugin (the kubernetes one is used).
+  gobuild coredns "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" github.com/coredns/coredns
+  publish coredns
+fi
+
 m=$(missing)
 [[ -z "$m" ]] || die "build finished but these binaries are missing from $BINDIR: $m"
-printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ngo %s\nbuilt %s\n' "$K8S_VERSION" "$ETCD_VERSION" \
-  "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$GO_VERSION" "$BUILD_DATE" > "$KEYDIR/VERSIONS"
+printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ncoredns %s\ngo %s\nbuilt %s\n' "$K8S_VERSION" \
+  "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$COREDNS_VERSION" "$GO_VERSION" "$BUILD_DATE" > "$KEYDIR/VERSIONS"
 echo "$BINDIR"

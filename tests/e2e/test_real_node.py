@@ -172,6 +172,40 @@ def test_in_cluster_config_and_rbac_from_a_pod(real: RealCluster) -> None:
     assert other.strip() == "denied 403", "the Role grants its own namespace only"
 
 
+RESOLVE = """
+import socket, ssl, sys, urllib.request
+for name in sys.argv[1:]:
+    try:
+        print(name, socket.gethostbyname(name))
+    except OSError as exc:
+        print(name, "unresolved", type(exc).__name__)
+ca = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+with urllib.request.urlopen("https://kubernetes.default.svc/livez", context=ssl.create_default_context(cafile=ca)) as r:
+    print("livez", r.status)
+"""
+
+
+def test_cluster_dns_resolves_services_for_pods(real: RealCluster) -> None:
+    """CoreDNS (from its Go module) answers the pods' queries: Services by full, namespace and short name,
+    NXDOMAIN for what does not exist, and the apiserver by its in-cluster name with a verified TLS name."""
+    ns = real.namespace()
+    real.kubectl("create", "service", "clusterip", "named", "--tcp=80:8080", "-n", ns)
+    ip = real.kubectl("get", "service", "named", "-n", ns, "-o", "jsonpath={.spec.clusterIP}").stdout
+    real.pod(ns, "asker", ["python3", "-c", "import time; time.sleep(3600)"])
+    real.wait_ready(ns, "asker")
+    names = ["kubernetes.default.svc.cluster.local", "named", f"named.{ns}", f"nosuch.{ns}.svc.cluster.local"]
+    out = real.kubectl("exec", "asker", "-n", ns, "--", "python3", "-c", RESOLVE, *names).stdout.splitlines()
+    assert out == [
+        "kubernetes.default.svc.cluster.local 10.96.0.1",
+        f"named {ip}",
+        f"named.{ns} {ip}",
+        f"nosuch.{ns}.svc.cluster.local unresolved gaierror",
+        "livez 200",
+    ], out
+    resolv = real.kubectl("exec", "asker", "-n", ns, "--", "cat", "/etc/resolv.conf").stdout
+    assert f"nameserver {localcluster.host.BRIDGE_IP}" in resolv and f"search {ns}.svc.cluster.local" in resolv
+
+
 WEBHOOK_SERVER = """
 import json, ssl
 from http.server import BaseHTTPRequestHandler, HTTPServer
