@@ -1,0 +1,96 @@
+{{/* Names: <fullname>-operator, -webhook, -bridge; cluster-scoped objects carry the fullname too. */}}
+{{- define "gpulane.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpulane.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpulane.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpulane.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpulane
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "operator"). */}}
+{{- define "gpulane.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpulane.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpulane.componentLabels" -}}
+{{ include "gpulane.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpulane.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion (toString .Values.image.tag)) }}
+{{- end }}
+
+{{- define "gpulane.operator.fullname" -}}{{ include "gpulane.fullname" . }}-operator{{- end }}
+{{- define "gpulane.webhook.fullname" -}}{{ include "gpulane.fullname" . }}-webhook{{- end }}
+{{- define "gpulane.bridge.fullname" -}}{{ include "gpulane.fullname" . }}-bridge{{- end }}
+
+{{- define "gpulane.operator.serviceAccountName" -}}
+{{- default (include "gpulane.operator.fullname" .) .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- define "gpulane.webhook.serviceAccountName" -}}
+{{- default (include "gpulane.webhook.fullname" .) .Values.webhook.serviceAccount.name }}
+{{- end }}
+{{- define "gpulane.bridge.serviceAccountName" -}}
+{{- default (include "gpulane.bridge.fullname" .) .Values.bridge.serviceAccount.name }}
+{{- end }}
+
+{{/* Where the operator creates backend pods. */}}
+{{- define "gpulane.backendNamespace" -}}
+{{- default .Release.Namespace .Values.operator.backendNamespace }}
+{{- end }}
+
+{{/* The webhook's Secret: generated, or the user's. */}}
+{{- define "gpulane.webhook.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "gpulane.webhook.fullname" .)) .Values.webhook.tls.existingSecret }}
+{{- end }}
+
+{{/* The bridge's keys Secret: the user's, or the one rendered from bridge.keys.inline. */}}
+{{- define "gpulane.bridge.keysSecretName" -}}
+{{- default (printf "%s-keys" (include "gpulane.bridge.fullname" .)) .Values.bridge.keys.existingSecret }}
+{{- end }}
+
+{{/* Pod-level settings shared by every component: (dict "ctx" $ "values" .Values.operator). */}}
+{{- define "gpulane.podCommon" -}}
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
