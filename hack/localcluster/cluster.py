@@ -182,6 +182,9 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         for comp in clients:
             write_kubeconfig(layout.component_kubeconfig(comp), server, layout.pki, comp)
         shutil.copyfile(STAGES_FILE, layout.state / "kwok-stages.yaml")
+        if real_node:
+            log(f"starting containerd for the real node {GPU_NODE}; its images are imported meanwhile")
+            imported = node.start_runtime(layout, bindir, images, launch, log)
         argv = component_argv(layout, bindir, ports, address, real_node)
 
         log(f"starting etcd on 127.0.0.1:{ports.etcd_client}")
@@ -222,8 +225,8 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
 
         wait_for("ServiceAccount default/default (created by kube-controller-manager)", default_sa, 120, kcm)
         if real_node:
-            log(f"starting the real node {GPU_NODE}: containerd, CoreDNS, kubelet, kube-proxy")
-            node.start(layout, bindir, server, lock_fd, images, launch, log)
+            log(f"starting the real node {GPU_NODE}: CoreDNS, kubelet, kube-proxy")
+            node.start(layout, bindir, server, lock_fd, imported, launch, log)
     except BaseException as exc:
         log(f"cluster start failed: {exc}\nstopping what was started; logs are kept in {layout.logs}")
         if lock_fd >= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -278,22 +279,51 @@ def advertise_gpu(layout: Layout, server: str) -> None:
         raise ClusterError(f"patching {GPU_RESOURCE} into node {GPU_NODE}'s capacity failed: HTTP {code}: {body}")
 
 
-def start(
-    layout: Layout, bindir: Path, server: str, lock_fd: int, images: list[Image], launch: Callable[..., Proc], log: Log
-) -> None:
-    """Start containerd, import the images, start CoreDNS, the kubelet and kube-proxy; wait until the node is
-    Ready with the GPU. ``launch(component, argv, pass_fds)`` starts and records a process."""
+def start_runtime(
+    layout: Layout, bindir: Path, images: list[Image], launch: Callable[..., Proc], log: Log
+) -> Callable[[], None]:
+    """Start containerd and import the images in the background, while the control plane starts (the
+    import is the longest step). Returns the call that waits for the import and raises its error."""
     write_configs(layout)
-    argv = _argv(layout, bindir)
-    saved = host.load_record() or {}
     # Only the kubelet inherits the machine-wide lock: Go children keep inherited fds, so containerd
     # would hand it on to every shim. If the kubelet dies, the next `up` gives back what is left.
-    containerd: Proc = launch("containerd", argv["containerd"])
+    containerd: Proc = launch("containerd", _argv(layout, bindir)["containerd"])
     ctr = ctr_command(bindir)
-
     wait_for("containerd (ctr version)", lambda: _ctr_ok(ctr), 60, containerd)
-    import_images(ctr, images, log)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            import_images(ctr, images, log)
+        except BaseException as exc:  # handed to the caller of imported()
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="import-images", daemon=True)
+    thread.start()
+
+    def imported() -> None:
+        thread.join()
+        if failed:
+            raise failed[0]
+
+    return imported
+
+
+def start(
+    layout: Layout,
+    bindir: Path,
+    server: str,
+    lock_fd: int,
+    imported: Callable[[], None],
+    launch: Callable[..., Proc],
+    log: Log,
+) -> None:
+    """Once the images are in (``start_runtime``), start CoreDNS, the kubelet and kube-proxy; wait until the
+    node is Ready with the GPU. ``launch(component, argv, pass_fds)`` starts and records a process."""
+    argv = _argv(layout, bindir)
+    saved = host.load_record() or {}
     _start_dns(layout, server, argv["coredns"], launch)
+    imported()
     kubelet: Proc = launch("kubelet", argv["kubelet"], (lock_fd,))
     wait_for(
         f"kubelet healthz on 127.0.0.1:{KUBELET_HEALTHZ}",
