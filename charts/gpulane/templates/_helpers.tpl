@@ -94,3 +94,12 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* The image's uid 65532 has no passwd entry: kopf's peering id (getpass.getuser) reads $USER first,
+and HOME points at the writable /tmp emptyDir. */}}
+{{- define "gpulane.env" -}}
+- name: USER
+  value: gpulane
+- name: HOME
+  value: /tmp
+{{- end }}
