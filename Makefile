@@ -14,7 +14,7 @@ help:
 	@echo "make install   - create .venv and install gpulane with its dev extras"
 	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
-	@echo "make bench-operator - on the local control plane: dispatch latency, 5,000 jobs, admission, bridge"
+	@echo "make bench-operator - on the local cluster: dispatch latency, 5,000 jobs, swaps on the real node, admission, bridge"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's and the real node's binaries once (see docs/development.md)"
 	@echo "make images    - the pause, Python base and gpulane images for the real node, without a registry"
@@ -55,6 +55,7 @@ bench: install
 bench-operator: install tools
 	$(BIN)/python bench/operator.py latency
 	$(BIN)/python bench/operator.py scale
+	$(BIN)/python bench/operator.py swap
 	$(BIN)/python bench/admission.py
 	$(BIN)/python bench/bridge.py
 

@@ -1,7 +1,9 @@
-"""The operator on the local control plane: warm dispatch latency, and 5,000 jobs created at once.
+"""The operator on the local cluster: warm dispatch latency, 5,000 jobs created at once, and model swaps
+on the real node beside kwok's.
 
     .venv/bin/python bench/operator.py latency [--jobs 200]
     .venv/bin/python bench/operator.py scale [--jobs 5000]
+    .venv/bin/python bench/operator.py swap [--rounds 3 --swaps 5]
 
 Both start the local control plane if none runs (hack/gpulane_cluster.py), apply crds/, and run
 ``gpulane operator`` as its own process, exactly as the end-to-end tests do.
@@ -12,6 +14,11 @@ apiserver's share is measured side by side: the same write-then-watch round trip
 reacts to (a no-op status patch of a finished job). A dispatch needs two such trips (the completion
 reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
 operator's own part.
+
+swap: a job for the other model than the one loaded, applied -> Running, on a lane on the real node gpu-0
+(the operator deletes the pod, waits until it is gone, creates the next one, and the kubelet's readiness
+probe finds `gpulane fake-backend` loaded) and on a kwok lane (kwok sets the pod's status), alternated
+round by round on the same machine; the ratio is the real node's cost over kwok's.
 
 scale: a busy lane, then N jobs created from 16 threads. It reports the time until every job shows a
 queue position, the creation time alone (the apiserver), the operator's API writes (its own counter)
@@ -128,6 +135,40 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+def swap(args: argparse.Namespace) -> dict[str, Any]:
+    with bench_world(*args.operator_args) as bench:
+        world = bench.world
+        watcher = PhaseWatch(bench.api, bench.namespace)
+        models = {
+            "real": [world.real_model(f"real{i}", load_seconds=0) for i in range(2)],
+            "kwok": [world.model(f"kwok{i}", ready_delay="0s") for i in range(2)],
+        }
+        times: dict[str, list[float]] = {"real": [], "kwok": []}
+        for r in range(args.rounds):
+            for kind in ("real", "kwok"):
+                lane = world.real_lane(f"real{r}") if kind == "real" else world.lane(f"kwok{r}")
+                for i in range(args.swaps + 1):  # the first load of each round is not a swap
+                    name = f"{kind}-{r}-{i}"
+                    t0 = time.monotonic()
+                    world.job(name, models[kind][i % 2])
+                    at, _n, _o = watcher.until(lambda n, p, o, j=name: n == j and p == "Running", timeout=120)
+                    if i:
+                        times[kind].append(at - t0)
+                    world.complete(name)
+                world.custom.delete_cluster_custom_object(GROUP, VERSION, "gpulanes", lane)
+                wait_until(lambda lane=lane: not world.backend_pods(lane), timeout=60, what=f"lane {lane}'s pod gone")
+        watcher.stop()
+        real, kwok = statistics.median(times["real"]), statistics.median(times["kwok"])
+        return {
+            "swaps_each": len(times["real"]),
+            "real_node_p50_s": round(real, 2),
+            "real_node_max_s": round(max(times["real"]), 2),
+            "kwok_p50_s": round(kwok, 2),
+            "kwok_max_s": round(max(times["kwok"]), 2),
+            "ratio_p50": round(real / kwok, 1),
+        }
+
+
 def _jobs(world: World) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = world.custom.list_namespaced_custom_object(
         GROUP, VERSION, world.namespace, "gpujobs"
@@ -205,10 +246,13 @@ def main() -> None:
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
     sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")
-    for p in (lat, sc):
+    sw = sub.add_parser("swap")
+    sw.add_argument("--rounds", type=int, default=3, help="rounds, each one lane on the real node then one on kwok")
+    sw.add_argument("--swaps", type=int, default=5, help="swaps per lane and round")
+    for p in (lat, sc, sw):
         p.add_argument("--operator-args", nargs="*", default=[], help="extra arguments for gpulane operator")
     args = parser.parse_args()
-    result = latency(args) if args.what == "latency" else scale(args)
+    result = {"latency": latency, "scale": scale, "swap": swap}[args.what](args)
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(json.dumps(result, indent=1))
 

@@ -50,8 +50,6 @@ def up(
         info: ClusterInfo | None = None
         if rec is not None:
             found = info_from_record(layout, rec)
-            if want_real and found.real_node and healthy(found, layout)[0]:
-                node.advertise_gpu(layout, found.server)  # the Node may have registered again since
             ok, health = _health(found, layout)
             if ok and want_real and not found.real_node:
                 # Never restart a healthy cluster under its users (a pytest session, say) to add the node.

@@ -26,8 +26,18 @@ from .layout import GPU_NODE, GPU_RESOURCE, Layout, node_mode
 from .processes import Proc, proc_alive
 from .state import ClusterInfo
 
-NODE_BINARIES = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "coredns")
-NODE_COMPONENTS = ("containerd", "coredns", "kubelet", "kube-proxy")
+NODE_BINARIES = (
+    "kubelet",
+    "kube-proxy",
+    "gpu-device-plugin",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "coredns",
+)
+NODE_COMPONENTS = ("containerd", "coredns", "kubelet", "gpu-device-plugin", "kube-proxy")
+# The kubelet's device-plugin directory is fixed, whatever its --root-dir (host.FIXED_PATHS has its parent).
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/gpulane-gpu.sock")
 KUBELET_PORT = 10250
 KUBELET_HEALTHZ = 10248
 PROXY_HEALTHZ = 10256
@@ -247,6 +257,7 @@ def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
             f"--cert-dir={node / 'kubelet-pki'}",
             "--node-labels=gpulane.dev/gpu=true,type=real",
         ],
+        "gpu-device-plugin": [str(bindir / "gpu-device-plugin"), f"--resource={GPU_RESOURCE}", "--count=1"],
         "kube-proxy": [
             str(bindir / "kube-proxy"),
             f"--kubeconfig={layout.component_kubeconfig('kube-proxy')}",
@@ -263,20 +274,6 @@ def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
             "--conntrack-tcp-timeout-close-wait=0",
         ],
     }
-
-
-def advertise_gpu(layout: Layout, server: str) -> None:
-    """The documented way to advertise an extended resource: a JSON patch of the Node's status capacity.
-    It survives a kubelet restart, not a re-registration, so `up` re-applies it whenever it is missing."""
-    code, node = api_request(layout, server, "GET", f"/api/v1/nodes/{GPU_NODE}")
-    if code == 200 and node.get("status", {}).get("capacity", {}).get(GPU_RESOURCE) == "1":
-        return
-    patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"}]
-    code, body = api_request(
-        layout, server, "PATCH", f"/api/v1/nodes/{GPU_NODE}/status", patch, "application/json-patch+json"
-    )
-    if code != 200:
-        raise ClusterError(f"patching {GPU_RESOURCE} into node {GPU_NODE}'s capacity failed: HTTP {code}: {body}")
 
 
 def start_runtime(
@@ -337,7 +334,10 @@ def start(
         return code == 200, f"HTTP {code}"
 
     wait_for(f"node {GPU_NODE} registered", registered, 60, kubelet)
-    advertise_gpu(layout, server)
+    # The GPU comes from a device plugin, as on a real GPU node: the kubelet reports it after every
+    # registration of the Node and hands the device to one container at a time.
+    plugin: Proc = launch("gpu-device-plugin", argv["gpu-device-plugin"])
+    wait_for(f"{DEVICE_PLUGIN_SOCKET} (the device plugin)", lambda: (DEVICE_PLUGIN_SOCKET.exists(), ""), 30, plugin)
     proxy: Proc = launch("kube-proxy", argv["kube-proxy"])
     wait_for(f"node {GPU_NODE} Ready with {GPU_RESOURCE}=1", lambda: node_ready(layout, server), 120, kubelet)
     wait_for(
@@ -348,7 +348,7 @@ def start(
     )
     # The kubelet set its sysctls at container-manager start; put the host's values back.
     host.write_sysctls(saved.get("sysctls", {}))
-    log(f"node {GPU_NODE} is Ready (containerd, CoreDNS, kubelet, kube-proxy) with {GPU_RESOURCE}: 1")
+    log(f"node {GPU_NODE} is Ready (containerd, CoreDNS, kubelet, device plugin, kube-proxy) with {GPU_RESOURCE}: 1")
 
 
 def _start_dns(layout: Layout, server: str, argv: list[str], launch: Callable[..., Proc]) -> None:
@@ -371,6 +371,7 @@ def component_health(info: ClusterInfo) -> dict[str, tuple[bool, str]]:
     checks = {
         "containerd": lambda: _ctr_ok(ctr_command(info.bindir)),
         "coredns": lambda: healthz(DNS_HEALTH, "/health"),
+        "gpu-device-plugin": lambda: (DEVICE_PLUGIN_SOCKET.exists(), f"socket {DEVICE_PLUGIN_SOCKET}"),
         "kubelet": lambda: healthz(KUBELET_HEALTHZ),
         "kube-proxy": lambda: healthz(PROXY_HEALTHZ),
     }

@@ -39,13 +39,14 @@ done
 command -v "$GO" >/dev/null 2>&1 || die "'$GO' not found: install Go ($(awk '/^go /{print $2; exit}' "$HERE/kubernetes/go.mod") or newer in the 1.26 line)"
 GO_VERSION=$("$GO" env GOVERSION)
 
-HASH=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum | { echo "recipe=$RECIPE"; cat; } | sha256sum | cut -c1-10)
+HASH=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum "$HERE"/kubernetes/gpuplugin/*.go | { echo "recipe=$RECIPE"; cat; } |
+  sha256sum | cut -c1-10)
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}_coredns-${COREDNS_VERSION}_${GO_VERSION}_${HASH}"
 CACHE_ROOT=${GPULANE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulane/tools}
 KEYDIR="$CACHE_ROOT/$KEY"
 BINDIR="$KEYDIR/bin"
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok helm
-  kubelet kube-proxy containerd containerd-shim-runc-v2 ctr coredns)
+  kubelet kube-proxy gpu-device-plugin containerd containerd-shim-runc-v2 ctr coredns)
 
 missing() {
   local b out=()
@@ -105,6 +106,11 @@ if need "${K8S_BINARIES[@]}"; then
   done
   gobuild kubernetes "$K8S_LDFLAGS" "${K8S_BINARIES[@]/#/k8s.io/kubernetes/cmd/}"
   for b in "${K8S_BINARIES[@]}"; do publish "$b"; done
+fi
+if need gpu-device-plugin; then
+  # Our own device plugin (hack/tools/kubernetes/gpuplugin), built against the same kubelet API module.
+  gobuild kubernetes "" ./gpuplugin
+  publish gpuplugin gpu-device-plugin
 fi
 if need etcd; then
   gobuild etcd "" go.etcd.io/etcd/server/v3

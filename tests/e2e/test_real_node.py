@@ -118,6 +118,9 @@ def test_the_gpu_is_a_real_constraint(real: RealCluster) -> None:
     sleep = ["python3", "-c", "import time; time.sleep(3600)"]
     real.pod(ns, "first", sleep, gpu=True)
     real.wait_ready(ns, "first")
+    # The kubelet allocated the device through gpulane's device plugin, as a vendor's plugin would.
+    device = real.kubectl("exec", "first", "-n", ns, "--", "printenv", "NVIDIA_VISIBLE_DEVICES").stdout
+    assert device.strip() == "gpu0"
     real.pod(ns, "second", sleep, gpu=True)
 
     def unschedulable() -> str | None:
