@@ -37,6 +37,10 @@ def pods_of(core: client.CoreV1Api, namespace: str, release: str) -> dict[str, c
     return {p.metadata.labels["app.kubernetes.io/component"]: p for p in pods if not p.metadata.deletion_timestamp}
 
 
+def backend_pods(core: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
+    return list(core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=backend").items)
+
+
 def ready(pod: client.V1Pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
@@ -136,7 +140,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         world.job("first", model)
         status = world.wait_phase("first", "Running", timeout=90)
         assert status.get("lane") == lane, status
-        backend = core_v1.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=backend").items
+        backend = backend_pods(core_v1, namespace)
         assert [p.metadata.annotations.get("gpulane.io/lane") for p in backend] == [lane]
         world.wait_events("first", "Dispatched")
         world.complete("first")
@@ -195,7 +199,11 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-{component}").stdout
             assert "forbidden" not in log.lower(), f"{component}:\n{log[-3000:]}"
 
-        world.cleanup()  # while the operator runs: its finalizers go, the lane's pod is collected
+        # While the operator runs: the lane goes, then its backend pod (before its kwok node, which must
+        # still be there to confirm the pod's deletion), then the rest of the world.
+        cluster.kubectl("delete", f"gpulanes.gpulane.io/{lane}", "--wait=true")
+        wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the backend pod gone")
+        world.cleanup()
 
         # 5. helm uninstall removes everything but the CRDs (Helm never deletes crds/).
         cluster.helm("uninstall", release, "-n", namespace, "--wait", "--timeout", "120s")
