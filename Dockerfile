@@ -9,7 +9,8 @@
 # It refuses any other instruction, so keep this file to those.
 ARG BASE=python:3.11-slim-bookworm
 FROM ${BASE}
-ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/opt/gpulane/lib
+# USER: the runtime uid 65532 has no passwd entry, and kopf's peering id calls getpass.getuser().
+ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/opt/gpulane/lib USER=gpulane
 WORKDIR /opt/gpulane/src
 COPY pyproject.toml README.md ./
 COPY gpulane/ ./gpulane/

@@ -575,6 +575,8 @@ class Controller:
         self._pod_changed(state, gone=True)
 
     def pod_event(self, kind: str | None, body: Body) -> None:
+        if (body.get("metadata") or {}).get("namespace") != self.kube.namespace:
+            return  # another operator's backend pods (another install, another backend namespace)
         state = pod_state(body)
         if state is not None:
             self._pod_changed(state, gone=kind == "DELETED")

@@ -60,6 +60,9 @@ def up(
             if ok:  # a cluster with the real node also serves a caller that did not ask for it
                 log(f"cluster already running (state {layout.state})")
                 info = found
+                if found.real_node:
+                    # The sources may have changed since it started: its node gets the images built now.
+                    node.sync_images(layout, found.bindir, build_images(log), log)
             else:
                 bad = "; ".join(f"{c}: {d}" for c, (good, d) in health.items() if not good)
                 log(f"found an unhealthy cluster in {layout.state} ({bad}); stopping it and starting afresh")

@@ -291,7 +291,7 @@ def start_runtime(
 
     def run() -> None:
         try:
-            import_images(ctr, images, log)
+            sync_images(layout, bindir, images, log)
         except BaseException as exc:  # handed to the caller of imported()
             failed.append(exc)
 
@@ -304,6 +304,20 @@ def start_runtime(
             raise failed[0]
 
     return imported
+
+
+def sync_images(layout: Layout, bindir: Path, images: list[Image], log: Log) -> None:
+    """Import the images whose content the node does not have yet (``make images`` keys them by content),
+    and remember which it has, in ``<state>/node/images.json``."""
+    record = layout.node / "images.json"
+    try:
+        have: dict[str, str] = json.loads(record.read_text())
+    except (OSError, ValueError):
+        have = {}
+    new = [image for image in images if have.get(image.name) != image.key]
+    import_images(ctr_command(bindir), new, log)
+    have.update({image.name: image.key for image in new})
+    record.write_text(json.dumps(have, indent=2))
 
 
 def start(

@@ -422,6 +422,25 @@ async def _cold_dispatch(w: World, load_seconds: float) -> None:
     await w.reconcile()
 
 
+def test_pods_of_another_backend_namespace_are_not_ours():
+    """Another install's operator keeps its backend pods in its own namespace, with the same labels and
+    annotations: they never stand for this operator's lanes."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane()
+        other = pod_body("gpu-0", "m", ip="10.9.9.9")
+        other["metadata"]["namespace"] = "another-install"
+        w.ctl.pod_event("ADDED", other)
+        assert "gpu-0" not in w.ctl.pods
+        w.submit("j1")
+        await w.reconcile()
+        assert w.kube.index("create_pod", f"pods/{SYSTEM}/gpulane-gpu-0") >= 0, "it loads its own pod"
+
+    asyncio.run(scenario())
+
+
 def test_cold_lane_creates_the_pod_then_runs_the_job_when_ready():
     async def scenario() -> None:
         w = World()

@@ -95,11 +95,8 @@ affinity:
 {{- end }}
 {{- end }}
 
-{{/* The image's uid 65532 has no passwd entry: kopf's peering id (getpass.getuser) reads $USER first,
-and HOME points at the writable /tmp emptyDir. */}}
+{{/* HOME points at the writable /tmp emptyDir (the root filesystem is read-only). */}}
 {{- define "gpulane.env" -}}
-- name: USER
-  value: gpulane
 - name: HOME
   value: /tmp
 {{- end }}
