@@ -49,6 +49,7 @@ from gpulane.core.policy import Policy, PolicyError
 from gpulane.operator.kube import EXECUTOR_LABEL, Conflict, Gone, Kube
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
+from gpulane.operator.nodes import NodeState, lane_node_problem, node_state
 from gpulane.operator.pods import BACKEND_SELECTOR, PodState, pod_state
 from gpulane.operator.status import FINALIZER, StatusWriter
 from gpulane.operator.translate import (
@@ -137,6 +138,7 @@ class Controller:
         self.model_generations: dict[str, int | None] = {}
         self.lanes: dict[str, LaneRunner] = {}
         self.pods: dict[str, PodState] = {}  # lane -> its backend pod as last seen
+        self.nodes: dict[str, NodeState] = {}
         self.leases: dict[tuple[str, str], float] = {}  # executor Lease -> when it expires
         self.dispatch_times: deque[float] = deque(maxlen=100_000)  # to count what ran ahead of a job
         self.ready = False
@@ -192,6 +194,31 @@ class Controller:
                 lease = "/".join(view.executor_lease or ())
                 message = f"its executor's Lease {lease} expired {now - expiry:.0f}s ago: the executor is gone"
                 self.spawn(self.end_job(view, "Failed", "DataPlaneLost", message))
+
+    def node_event(self, kind: str | None, body: Body) -> None:
+        """A node changed: lanes on it go offline or back online."""
+        state = node_state(body)
+        if kind == "DELETED":
+            self.nodes.pop(state.name, None)
+        else:
+            self.nodes[state.name] = state
+        for runner in self.lanes.values():
+            self._check_node(runner)
+
+    def _check_node(self, runner: LaneRunner) -> None:
+        problem = lane_node_problem(runner.spec, self.nodes)
+        if problem == runner.node_problem:
+            return
+        if problem is None:
+            log.info("lane %s: its node is back (%s)", runner.name, runner.node_problem)
+        else:
+            log.warning("lane %s: offline: %s", runner.name, problem)
+        runner.node_problem = problem
+        core = self.dispatcher.lanes.get(runner.name)
+        if core is not None:  # node events arrive after the rebuild (kopf's startup handler) took lanes online
+            self.apply(LaneUpdated(runner.name, online=problem is None, resident=core.resident))
+        self.status.lane_dirty(runner.name)
+        runner.kick()
 
     def lease_event(self, kind: str | None, body: Body) -> None:
         """An executor's Lease: until when it vouches for the jobs it runs."""
@@ -609,7 +636,7 @@ class Controller:
             view = self.jobs.get(key)
             if view is not None:
                 self.spawn(self.end_job(view, "Failed", reason, message))
-        self.apply(LaneUpdated(runner.name, online=True, resident=None))
+        self.apply(LaneUpdated(runner.name, online=runner.node_problem is None, resident=None))
         self.status.lane_dirty(runner.name)
 
     def model_loaded(self, lane: str, model: str, seconds: float | None) -> None:
@@ -651,6 +678,7 @@ class Controller:
             return
         if runner is not None:
             runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
+            self._check_node(runner)  # the lane may name another node now
             runner.kick()
             return
         runner = LaneRunner(self, name, meta.get("uid", ""), spec)
@@ -662,10 +690,11 @@ class Controller:
             if at is not None:
                 runner.history.append((at, record))
         self.lanes[name] = runner
+        runner.node_problem = lane_node_problem(spec, self.nodes)
         runner.start()
         pod = self.pods.get(name)
         resident = pod.model if pod is not None and not pod.failed else None
-        self.apply(LaneUpdated(name, online=online, resident=resident))
+        self.apply(LaneUpdated(name, online=online and runner.node_problem is None, resident=resident))
         self.status.lane_dirty(name)
 
     def model_event(self, kind: str | None, body: Body) -> None:
@@ -777,6 +806,9 @@ class Controller:
             state = pod_state(body)
             if state is not None:
                 self.pods[state.lane] = state
+        for body in await self.kube.list_nodes():
+            node = node_state(body)
+            self.nodes[node.name] = node
         lanes = await self.kube.list_cluster("gpulanes")
         for body in lanes:
             self.lane_event(None, body, online=False)
@@ -797,7 +829,7 @@ class Controller:
             pod = self.pods.get(name)
             core = self.dispatcher.lanes[name]
             resident = pod.model if pod is not None and not pod.failed else core.resident
-            self.apply(LaneUpdated(name, online=True, resident=resident))
+            self.apply(LaneUpdated(name, online=runner.node_problem is None, resident=resident))
             runner.kick()
         self.ready = True
         log.info(

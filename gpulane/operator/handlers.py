@@ -79,6 +79,11 @@ async def lease_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _ctl(memo).lease_event(event["type"], _body(event))
 
 
+@kopf.on.event("", "v1", "nodes")
+async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).node_event(event["type"], _body(event))
+
+
 @kopf.on.event("", "v1", "pods")
 async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _ctl(memo).pod_event(event["type"], _body(event))

@@ -118,6 +118,10 @@ class Kube:
         body: Body = self._plain(pod)
         return body
 
+    async def list_nodes(self) -> list[Body]:
+        result = await self._call(self.core.list_node)
+        return [self._plain(n) for n in result.items]
+
     async def list_pods(self, selector: str) -> list[Body]:
         result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         return [self._plain(p) for p in result.items]

@@ -41,6 +41,7 @@ class LaneRunner:
         self.conditions: list[dict[str, Any]] = []
         self.history: deque[tuple[float, dict[str, Any]]] = deque(maxlen=HISTORY_LIMIT)  # (at, record)
         self.generation: int | None = None
+        self.node_problem: str | None = None  # why its node cannot serve now (nodes.py); offline while set
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

@@ -185,7 +185,9 @@ class StatusWriter:
         queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
         runner.last_depth = depth
         ready = bool(pod and pod.ready and core and core.ready and pod.model == core.resident)
-        if ready:
+        if runner.node_problem is not None:
+            ready, why, message = False, "NodeUnavailable", f"nothing is dispatched here: {runner.node_problem}"
+        elif ready:
             why, message = "BackendReady", f"{pod.name if pod else ''} serves {core.resident if core else ''}"
         elif core is None or core.resident is None:
             why, message = "NoModel", "no model is loaded; the next dispatch loads one"

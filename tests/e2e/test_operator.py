@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Any
 
 import pytest
 
@@ -287,3 +288,36 @@ def test_every_metric_of_the_grafana_dashboard_is_exported(world: World, operato
     names = {family.sub("", n) for n in used}
     missing = sorted(n for n in names if n not in declared)
     assert not missing, f"the dashboard queries metrics the operator does not export: {missing}"
+
+
+def _set_ready(world: World, node: str, ready: bool) -> None:
+    """Play a kubelet that stops (or resumes) posting Ready: kwok no longer manages the node, so only this
+    status stands."""
+    world.core.patch_node(node, {"metadata": {"annotations": {"kwok.x-k8s.io/node": None}}})
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    condition = {"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletNotReady",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}  # fmt: skip
+    world.core.patch_node_status(node, {"status": {"conditions": [condition]}})
+
+
+def _lane_ready(world: World, lane: str) -> dict[str, Any]:
+    conditions = world.cluster_status("gpulanes", lane).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "Ready"), {})
+
+
+def test_a_lane_whose_node_is_not_ready_waits_for_it(world: World, operator: OperatorProcess) -> None:
+    node = world.node("flaky")
+    lane = world.lane("flaky", node=node)
+    model = world.model("m")
+    world.job("before", model)
+    world.wait_phase("before", "Running")
+    world.complete("before")
+    _set_ready(world, node, False)
+    wait_until(lambda: _lane_ready(world, lane).get("reason") == "NodeUnavailable", what="the lane offline")
+    assert f"node {node} is not Ready (KubeletNotReady)" in _lane_ready(world, lane)["message"]
+    world.job("during", model)
+    world.wait_phase("during", "Pending")
+    time.sleep(2)
+    assert world.status("during")["phase"] == "Pending", "nothing is dispatched to a node that is down"
+    _set_ready(world, node, True)
+    assert world.wait_phase("during", "Running")["lane"] == lane

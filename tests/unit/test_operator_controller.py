@@ -206,6 +206,10 @@ class FakeKube:
         self.calls.append(Call("list_leases", selector))
         return []
 
+    async def list_nodes(self) -> list[Body]:
+        self.calls.append(Call("list_nodes", ""))
+        return [self.get(t) for t in self.objects if t.startswith("nodes/")]
+
     async def list_pods(self, selector: str) -> list[Body]:
         self.calls.append(Call("list_pods", selector))
         wanted = dict(term.split("=", 1) for term in selector.split(","))
@@ -290,12 +294,19 @@ class World:
         self.clock = Clock()
         self.kube = FakeKube(self.clock)
         self.ctl = Controller(self.kube, settings or Settings(namespace=SYSTEM), clock=self.clock)  # type: ignore[arg-type]
+        self.node("node-0")  # the lanes' node (their empty selector matches it)
 
     # objects the operator watches, each created in the fake and its ADDED event delivered
 
     def model(self, name: str = "m", **spec: Any) -> None:
         body = self.kube.put("gpumodels", {"metadata": {"name": name}, "spec": {"image": f"{name}:v1", **spec}})
         self.ctl.model_event("ADDED", body)
+
+    def node(self, name: str, ready: bool = True, gpus: str = "1") -> None:
+        condition = {"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletNotReady"}
+        status = {"conditions": [condition], "allocatable": {"nvidia.com/gpu": gpus}}
+        body = self.kube.put("nodes", {"metadata": {"name": name}, "status": status})
+        self.ctl.node_event("MODIFIED", body)
 
     def lane(self, name: str = "gpu-0") -> None:
         body = self.kube.put("gpulanes", {"metadata": {"name": name, "uid": f"lane-uid-{name}"}, "spec": {}})
@@ -1064,5 +1075,43 @@ def test_a_deleted_executor_lease_fails_its_jobs_at_once():
         w.clock.now += 1
         await _one_tick(w)
         assert w.kube.job("call-2")["status"]["reason"] == "DataPlaneLost"
+
+    asyncio.run(scenario())
+
+
+def test_a_lane_whose_node_is_not_ready_gets_no_dispatch_until_it_is_back():
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane()
+        w.node("node-0", ready=False)
+        key = w.submit("j1")
+        await w.reconcile()
+        assert w.ctl.jobs[key].state == "pending", "nothing is dispatched to a lane whose node is down"
+        await w.ctl.status.flush()
+        assert w.phase("j1") == "Pending"
+        [ready] = [c for c in w.kube.get("gpulanes/gpu-0")["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready["status"] == "False" and ready["reason"] == "NodeUnavailable"
+        assert "node node-0 is not Ready (KubeletNotReady)" in ready["message"]
+
+        w.node("node-0")
+        await w.reconcile()
+        assert w.kube.index("create_pod", f"pods/{SYSTEM}/gpulane-gpu-0") >= 0, "back online: the job loads"
+
+    asyncio.run(scenario())
+
+
+def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
+    async def scenario() -> None:
+        w = World()
+        w.kube.objects.pop("nodes/node-0")
+        w.kube.put("gpumodels", {"metadata": {"name": "m"}, "spec": {"image": "m:v1"}})
+        w.kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {"nodeName": "gone"}})
+        w.kube.put("gpujobs", job_body("j1", "m"))
+        fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        await fresh.rebuild()
+        assert fresh.lanes["gpu-0"].node_problem == "node gone does not exist"
+        assert not fresh.dispatcher.lanes["gpu-0"].online
+        assert fresh.jobs[f"{NS}/j1"].state == "pending"
 
     asyncio.run(scenario())
