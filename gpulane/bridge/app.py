@@ -158,7 +158,14 @@ class Bridge:
         self.metrics.queued.inc()
         queued = True
         received = time.monotonic()
-        name = await self.queue.submit(submission)
+        try:
+            name = await self.queue.submit(submission)
+        except BaseException as err:
+            self._queued[identity.member] -= 1
+            self.metrics.queued.dec()
+            if isinstance(err, CallError):  # the cluster refused the job (docs/bridge.md)
+                return self._error(err)
+            raise
         headers["X-Gpulane-Job"] = name
         response: web.StreamResponse | None = None
         outcome = Outcome()

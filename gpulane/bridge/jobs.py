@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -18,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
 
 from gpulane.api.resources import API_VERSION, GROUP, TERMINAL_PHASES, VERSION
+from gpulane.bridge.calls import CallError
 from gpulane.operator.controller import EXECUTOR_LEASE
 from gpulane.operator.kube import Body, Conflict, Gone, Kube
 from gpulane.operator.status import FINALIZER
@@ -61,6 +64,20 @@ class JobQueue(Protocol):
     def follow(self, name: str) -> AsyncIterator[JobState]: ...
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
     async def cancel(self, name: str) -> None: ...
+
+
+def _refusal(err: ApiException) -> CallError:
+    """The apiserver refused the GpuJob (an admission webhook or policy, the schema, a quota): the caller
+    gets its message as an OpenAI error; anything else means the cluster cannot take jobs right now."""
+    try:
+        message = json.loads(err.body or "{}").get("message") or err.reason
+    except ValueError:
+        message = err.reason
+    if err.status == 403:
+        return CallError(403, f"the cluster refused the job: {message}", kind="permission_error")
+    if err.status in (400, 422):
+        return CallError(400, f"the cluster refused the job: {message}")
+    return CallError(503, f"the cluster cannot take the job now: HTTP {err.status} {message}", kind="server_error")
 
 
 def _state(obj: dict[str, Any]) -> JobState:
@@ -219,6 +236,9 @@ class KubeJobQueue:
         }
         try:
             await self.kube.create_job(manifest)
+        except ApiException as err:
+            self._waiters.pop(name, None)
+            raise _refusal(err) from None
         except BaseException:
             self._waiters.pop(name, None)
             raise

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import yaml
 from kubernetes import client
@@ -173,6 +174,41 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             models = [m["id"] for m in json.loads(resp.read())["data"]]
         assert model in models, models
 
+        # The whole path inside the cluster: the real openai client -> the chart's bridge (a pod, through
+        # its Service) -> a GpuJob -> the chart's operator -> a backend pod on gpu-0 that really serves.
+        # The kwok lane goes first, so the job can only land on the real one.
+        cluster.kubectl("delete", f"gpulanes.gpulane.io/{lane}", "--wait=true")
+        wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the kwok lane's pod gone")
+        # As the chart's NOTES say: the webhook refuses a bridge that names its callers' members until the
+        # GpuPolicy trusts its ServiceAccount. First the refusal, as the OpenAI error the caller gets.
+        real_lane, served = world.real_lane(), world.real_model("served")
+        bridge = openai.OpenAI(
+            base_url=f"http://{service.spec.cluster_ip}:8090/v1", api_key=BRIDGE_KEY, max_retries=0, timeout=120
+        )
+        wait_until(lambda: served in [m.id for m in bridge.models.list()], what="the bridge to list the model")
+        hello = [{"role": "user", "content": "in-cluster"}]
+        with pytest.raises(openai.PermissionDeniedError) as refused_call:
+            bridge.chat.completions.create(model=served, messages=hello)
+        assert "only identities in the policy's admission.trusted may set spec.member" in str(refused_call.value)
+        bridge_account = f"{namespace}/{fullname}-bridge"
+        policy = {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuPolicy", "metadata": {"name": "default"},
+                  "spec": {"admission": {"trusted": {"serviceAccounts": [bridge_account]}}}}  # fmt: skip
+        world.apply(policy)
+        wait_until(
+            lambda: world.cluster_status("gpupolicies", "default").get("observedGeneration") == 1,
+            what="the policy in effect",
+        )
+        try:
+            answer = bridge.chat.completions.create(model=served, messages=hello)
+        except openai.APIError as err:
+            log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-bridge", "--tail=30").stdout
+            raise AssertionError(f"{err}\nthe bridge's log:\n{log}") from err
+        assert served in str(answer.choices[0].message.content)
+        [pod] = backend_pods(core_v1, namespace)
+        assert pod.spec.node_name == localcluster.GPU_NODE and pod.metadata.annotations["gpulane.io/lane"] == real_lane
+        cluster.kubectl("delete", f"gpulanes.gpulane.io/{real_lane}", "--wait=true")
+        wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the real lane's pod gone")
+
         # 4. Least privilege: the operator's account may do what it needs and nothing it does not.
         assert can_i(cluster, operator_sa, "create", "pods", "-n", namespace) == "yes"
         assert can_i(cluster, operator_sa, "patch", "gpujobs.gpulane.io", "--subresource=status", "-A") == "yes"
@@ -199,10 +235,8 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-{component}").stdout
             assert "forbidden" not in log.lower(), f"{component}:\n{log[-3000:]}"
 
-        # While the operator runs: the lane goes, then its backend pod (before its kwok node, which must
-        # still be there to confirm the pod's deletion), then the rest of the world.
-        cluster.kubectl("delete", f"gpulanes.gpulane.io/{lane}", "--wait=true")
-        wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the backend pod gone")
+        # While the operator runs (the lanes and their pods are gone already; a kwok node must outlive its
+        # pod to confirm the deletion): the rest of the world.
         world.cleanup()
 
         # 5. helm uninstall removes everything but the CRDs (Helm never deletes crds/).
@@ -215,6 +249,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         print(f"chart installed and Ready in {installed:.1f}s; whole test {time.monotonic() - started:.1f}s")
     finally:
         world.cleanup()
+        cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
         remove_release(cluster, namespace, release, fullname)
 
 

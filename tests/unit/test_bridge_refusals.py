@@ -1,0 +1,81 @@
+"""A job the cluster refuses (an admission webhook, the schema, an outage): the caller gets an OpenAI error
+with the cluster's message, and the call leaves no trace in the bridge's queue counts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kubernetes.client.exceptions import ApiException
+
+from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.calls import CallError
+from gpulane.bridge.jobs import JobState, Submission, _refusal
+from gpulane.bridge.keys import KeyRing, KeysFile
+
+KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
+DENIED = "admission webhook \"gpujob-defaults.gpulane.io\" denied the request: may not submit as member 'app'"
+
+
+def api_error(status: int, message: str) -> ApiException:
+    err = ApiException(status=status, reason="Refused")
+    err.body = json.dumps({"kind": "Status", "message": message, "code": status})
+    return err
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "kind"),
+    [(403, 403, "permission_error"), (422, 400, "invalid_request_error"), (500, 503, "server_error")],
+)
+def test_the_apiservers_refusal_becomes_an_openai_error(status: int, code: int, kind: str) -> None:
+    err = _refusal(api_error(status, DENIED))
+    assert (err.status, err.kind) == (code, kind)
+    assert DENIED in str(err)
+
+
+def test_a_refusal_without_a_status_body_keeps_the_reason() -> None:
+    err = ApiException(status=403, reason="Forbidden")
+    err.body = "not json"
+    assert "Forbidden" in str(_refusal(err))
+
+
+class RefusingQueue:
+    """The cluster refuses every job."""
+
+    async def models(self) -> set[str]:
+        return {"m"}
+
+    async def submit(self, submission: Submission) -> str:
+        raise CallError(403, f"the cluster refused the job: {DENIED}", kind="permission_error")
+
+    async def follow(self, name: str) -> AsyncIterator[JobState]:
+        raise AssertionError("a refused job is never followed")
+        yield  # pragma: no cover
+
+    async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
+        raise AssertionError("a refused job is never finished")
+
+    async def cancel(self, name: str) -> None:
+        raise AssertionError("a refused job is never cancelled")
+
+
+def test_a_refused_job_is_an_openai_error_and_frees_its_queue_slot() -> None:
+    async def scenario() -> None:
+        bridge = Bridge(RefusingQueue(), KeyRing(KeysFile.model_validate({"keys": [KEY]})),
+                        BridgeSettings(max_queued_per_member=1))  # fmt: skip
+        async with TestClient(TestServer(bridge.app())) as http:
+            for _ in range(3):  # over the per-member cap of 1 if a refused call kept its slot
+                resp = await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"Authorization": f"Bearer {KEY['key']}"},
+                )
+                assert resp.status == 403
+                error = (await resp.json())["error"]
+                assert error["type"] == "permission_error" and DENIED in error["message"]
+        assert sum(bridge._queued.values()) == 0
+
+    asyncio.run(scenario())
