@@ -168,10 +168,23 @@ class KubeJobQueue:
 
     async def start(self) -> None:
         await self.kube.apply_lease(self.lease, self.replica, self.lease_seconds, time.time())
+        await self._cancel_orphans()
         loop = asyncio.get_running_loop()
         thread = threading.Thread(target=self._watch, args=(loop,), name="bridge-watch", daemon=True)
         thread.start()
         self._tasks.append(asyncio.create_task(self._renew()))
+
+    async def _cancel_orphans(self) -> None:
+        """Calls of this replica's previous incarnation (a crashed container restarts under the same name and
+        renews the same Lease): their clients are gone, so their jobs go, as a disconnect's would. Left
+        alone, they would be dispatched with nobody to send their requests, and hold the GPU until
+        maxRunSeconds."""
+        for job in await self.kube.list_namespaced_jobs(self.namespace, f"{REPLICA_LABEL}={self.replica}"):
+            if (job.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+                name = job["metadata"]["name"]
+                log.warning("cancelling %s: a call of this replica's previous run, whose client is gone", name)
+                with contextlib.suppress(Gone):
+                    await self.kube.delete_job(self.namespace, name)
 
     async def stop(self) -> None:
         self._stop.set()

@@ -99,6 +99,13 @@ class Kube:
     async def list_jobs(self) -> list[Body]:
         return await self.list_cluster("gpujobs")  # all namespaces
 
+    async def list_namespaced_jobs(self, namespace: str, selector: str) -> list[Body]:
+        result = await self._call(
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", label_selector=selector
+        )
+        items: list[Body] = result.get("items", [])
+        return items
+
     async def get_cluster(self, plural: str, name: str) -> Body:
         body: Body = await self._call(self.custom.get_cluster_custom_object, GROUP, VERSION, plural, name)
         return body

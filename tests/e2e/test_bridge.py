@@ -5,6 +5,7 @@ the bridge is told where each model's server is (its endpoint override), as the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -260,3 +261,40 @@ def test_multipart_calls_are_routed_by_their_form_field(setup: Setup, tmp_path: 
     assert setup.model in text.text
     [job] = setup.all_succeeded()
     assert job["spec"]["model"] == setup.model
+
+
+def test_a_bridge_restarted_under_its_name_cancels_the_calls_its_last_run_left(
+    setup: Setup, cluster: Cluster, tmp_path: Path
+) -> None:
+    """A crashed bridge container restarts with the same name and renews the same Lease, so the operator
+    cannot tell its dead calls from live ones: the new run removes them, or they would hold the GPU with
+    nobody to send their requests."""
+    world = setup.world
+    world.job("blocker", setup.model, member="film")
+    world.wait_phase("blocker", "Running")
+    argv = (world.namespace, setup.bridge.keys_file, "--endpoint", f"{setup.model}={setup.backend.url}")
+    crashed = BridgeProcess(cluster, tmp_path, *argv, "--replica", "crashy").start()
+    client = openai.OpenAI(base_url=f"{crashed.url}/v1", api_key=USER_KEY, max_retries=0)
+
+    def call() -> None:
+        with contextlib.suppress(openai.APIError):  # the bridge dies under it
+            client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "x"}])
+
+    threading.Thread(target=call, daemon=True).start()
+    selector = "gpulane.io/bridge-replica=crashy"
+
+    def left() -> list[str]:
+        jobs = world.custom.list_namespaced_custom_object(
+            "gpulane.io", "v1alpha1", world.namespace, "gpujobs", label_selector=selector
+        )["items"]
+        return [j["metadata"]["name"] for j in jobs]
+
+    [orphan] = wait_until(left, what="the call queued behind the blocker")
+    world.wait_phase(orphan, "Pending")
+    crashed.kill()
+    again = BridgeProcess(cluster, tmp_path, *argv, "--replica", "crashy").start()
+    try:
+        wait_until(lambda: not left(), timeout=30, what="the last run's call removed")
+    finally:
+        again.stop()
+    world.complete("blocker")
