@@ -263,11 +263,14 @@ class Controller:
     def story(self, view: JobView, now: float) -> Body:
         """The dispatches that went ahead of ``view`` while it waited, for ``gpulane why`` after it ran."""
         queued, until = view.job.submitted_at, view.dispatched_at or now
-        ahead = sorted(
-            (at, record)
-            for lane in self.lanes.values()
-            for at, record in lane.history
-            if queued < at < until and record["job"] != view.key
+        ahead = sorted(  # by time alone: records restored from status share whole seconds
+            (
+                (at, record)
+                for lane in self.lanes.values()
+                for at, record in lane.history
+                if queued < at < until and record["job"] != view.key
+            ),
+            key=lambda pair: pair[0],
         )
         total = len(self.dispatch_times) - bisect.bisect_right(self.dispatch_times, queued)
         total -= len(self.dispatch_times) - bisect.bisect_left(self.dispatch_times, until)

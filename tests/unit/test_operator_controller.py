@@ -1115,3 +1115,24 @@ def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
         assert fresh.jobs[f"{NS}/j1"].state == "pending"
 
     asyncio.run(scenario())
+
+
+def test_a_story_with_dispatches_at_the_same_instant_on_two_lanes():
+    """Lane histories restored from status have whole-second times, so two lanes' records tie: the story
+    must order them by time alone (comparing the records raised TypeError and stalled every lane)."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane("gpu-0")
+        w.lane("gpu-1")
+        key = w.submit("late")
+        view = w.ctl.jobs[key]
+        at = view.job.submitted_at + 1
+        for lane, job in (("gpu-0", "a"), ("gpu-1", "b")):
+            w.ctl.lanes[lane].history.append((at, {"job": f"{NS}/{job}", "lane": lane}))
+        view.dispatched_at = at + 1
+        story = w.ctl.story(view, at + 1)
+        assert [r["job"] for r in story["ranAhead"]] == [f"{NS}/a", f"{NS}/b"]
+
+    asyncio.run(scenario())
