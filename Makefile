@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint crds demo bench bench-operator plots clean
+.PHONY: install test unit lint crds demo bench bench-operator bench-chaos plots clean
 .DEFAULT_GOAL := help
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make bench-operator - on the local cluster: dispatch latency, 5,000 jobs, swaps on the real node, admission, bridge"
+	@echo "make bench-chaos - kill the operator, the bridge and backend pods while jobs flow; check nothing is lost"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's and the real node's binaries once (see docs/development.md)"
 	@echo "make images    - the pause, Python base and gpulane images for the real node, without a registry"
@@ -58,6 +59,9 @@ bench-operator: install tools
 	$(BIN)/python bench/operator.py swap
 	$(BIN)/python bench/admission.py
 	$(BIN)/python bench/bridge.py
+
+bench-chaos: install tools
+	$(BIN)/python bench/chaos.py --minutes 3
 
 SCENARIOS := $(wildcard scenarios/*.yaml)
 plots: install

@@ -78,16 +78,25 @@ class Kube:
         except ApiException as err:
             if err.status == 404:
                 raise Gone(str(err.reason)) from None
-            if err.status == 409 or (err.status == 422 and "test" in (err.body or "")):
+            if err.status == 409:
                 raise Conflict(str(err.body or err.reason)) from None
             raise
 
     async def _write(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        tested = False
         if args and isinstance(args[-1], list):  # a JSON patch; the client would send a merge patch
             kwargs["_content_type"] = "application/json-patch+json"
+            tested = any(op.get("op") == "test" for op in args[-1])
         self.writes[kind] += 1
         self.on_write(kind)
-        return await self._call(fn, *args, **kwargs)
+        try:
+            return await self._call(fn, *args, **kwargs)
+        except ApiException as err:
+            # A JSON patch that does not apply is a 422, and the apiserver's message does not always say
+            # why; with a `test` op in it, the tested state changed under us: someone else's write stands.
+            if tested and err.status == 422:
+                raise Conflict(str(err.body or err.reason)) from None
+            raise
 
     # -- reads ----------------------------------------------------------------------------------
 
