@@ -161,8 +161,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     api.chat.completions.create(model=rng.choice(models), messages=[{"role": "user", "content": "x"}])
                     counts["bridge ok"] += 1
-                except openai.APIError as err:
-                    counts[f"bridge {type(err).__name__}"] += 1
+                except openai.APIStatusError as err:  # e.g. 503: its job ended before it ran (BackendLost)
+                    counts[f"bridge {err.status_code}"] += 1
+                    time.sleep(0.5)
+                except openai.APIConnectionError:  # the bridge is down
+                    counts["bridge unreachable"] += 1
                     time.sleep(0.5)
 
         def chaos() -> None:
