@@ -32,12 +32,13 @@ from typing import Any
 import openai
 import yaml
 from harness import bench_world
-from kubernetes import client, watch
+from kubernetes import client
 
+from gpulane.api.resources import TERMINAL_PHASES
+from gpulane.bridge.jobs import watch_jobs
+from gpulane.operator.kube import Kube
 from tests.e2e.operator_support import (
-    GROUP,
     OPERATOR_NAMESPACE,
-    VERSION,
     BridgeProcess,
     FakeBackendProcess,
     GpulaneProcess,
@@ -45,7 +46,7 @@ from tests.e2e.operator_support import (
 from tests.e2e.support import wait_until
 
 ACTIVE = ("Dispatching", "Running")
-TERMINAL = ("Succeeded", "Failed", "Cancelled")
+TERMINAL = tuple(TERMINAL_PHASES)
 KEY = "sk-chaos-key"
 
 
@@ -53,29 +54,13 @@ class Ledger:
     """Every job's latest phase and lane as the watch delivers them, and the most any lane held at once."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.namespace = namespace
         self.jobs: dict[str, tuple[str | None, str | None, str | None]] = {}  # name -> (phase, lane, reason)
         self.peak: collections.Counter[str] = collections.Counter()
         self.over: list[str] = []  # descriptions of moments a lane held more than one job
         self.lock = threading.Lock()
         self._stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        rv = None
-        while not self._stop.is_set():
-            try:
-                for event in watch.Watch().stream(
-                    self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, "gpujobs",
-                    resource_version=rv, timeout_seconds=30,
-                ):  # fmt: skip
-                    obj = event["object"]
-                    rv = obj["metadata"]["resourceVersion"]
-                    self._seen(event["type"], obj)
-            except Exception:
-                rv = None  # relist: a stale version or a dropped connection
-                time.sleep(0.2)
+        args = (Kube(api, namespace), namespace, None, self._seen, self._stop)  # the watch uses its api only
+        threading.Thread(target=watch_jobs, args=args, daemon=True).start()
 
     def _seen(self, kind: str, obj: dict[str, Any]) -> None:
         name, status = obj["metadata"]["name"], obj.get("status") or {}
@@ -209,8 +194,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ledger.stop()
         bridge.proc.stop()
         backend.stop()
-        created = {j["metadata"]["name"] for j in world.custom.list_namespaced_custom_object(
-            GROUP, VERSION, bench.namespace, "gpujobs")["items"]}  # fmt: skip
+        created = {j["metadata"]["name"] for j in world.jobs()}
         outcomes = collections.Counter(
             f"{phase}{'/' + reason if reason and phase != 'Succeeded' else ''}"
             for phase, _, reason in ledger.jobs.values()

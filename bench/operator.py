@@ -41,7 +41,7 @@ from typing import Any
 from harness import bench_world, peak_rss_mib, percentile
 from kubernetes import client, watch
 
-from tests.e2e.operator_support import GROUP, VERSION, World
+from tests.e2e.operator_support import GROUP, VERSION
 from tests.e2e.support import wait_until
 
 
@@ -96,7 +96,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         names = [f"j{i:04d}" for i in range(args.jobs + 1)]
         world.apply(*(world.job_doc(n, model, member=f"m{i % 7}") for i, n in enumerate(names)))
         wait_until(
-            lambda: sum(1 for j in _jobs(world) if (j.get("status") or {}).get("phase")) == len(names),
+            lambda: sum(1 for j in world.jobs() if (j.get("status") or {}).get("phase")) == len(names),
             timeout=120,
             what="every job queued",
         )
@@ -105,7 +105,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         trips: list[float] = []
         done: list[str] = []
         for _ in range(args.jobs):
-            running = next(j["metadata"]["name"] for j in _jobs(world) if j["status"].get("phase") == "Running")
+            running = next(j["metadata"]["name"] for j in world.jobs() if j["status"].get("phase") == "Running")
             t0 = time.monotonic()
             world.complete(running)
             at, _name, _obj = watcher.until(lambda n, p, o, r=running: p == "Running" and n != r and n not in done)
@@ -169,13 +169,6 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
-def _jobs(world: World) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = world.custom.list_namespaced_custom_object(
-        GROUP, VERSION, world.namespace, "gpujobs"
-    )["items"]
-    return items
-
-
 def scale(args: argparse.Namespace) -> dict[str, Any]:
     with bench_world(*args.operator_args) as bench:
         api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
@@ -216,13 +209,13 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.dispatches):
             running = wait_until(
                 lambda: [
-                    j["metadata"]["name"] for j in _jobs(world) if (j.get("status") or {}).get("phase") == "Running"
+                    j["metadata"]["name"] for j in world.jobs() if (j.get("status") or {}).get("phase") == "Running"
                 ],
                 what="a running job",
             )
             for name in running:
                 world.complete(name)
-        jobs = _jobs(world)
+        jobs = world.jobs()
         lane = world.custom.list_cluster_custom_object(GROUP, VERSION, "gpulanes")["items"][0]
         return {
             "jobs": args.jobs,

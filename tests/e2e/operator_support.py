@@ -298,6 +298,13 @@ class World:
         self.apply(self.job_doc(name, model, **spec))
         return name
 
+    def jobs(self, selector: str | None = None) -> list[dict[str, Any]]:
+        """The namespace's GpuJobs (those matching the label ``selector``, if given)."""
+        found = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "gpujobs", label_selector=selector or ""
+        )
+        return list(found["items"])
+
     def get(self, name: str) -> dict[str, Any]:
         body: dict[str, Any] = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs", name)
         return body
@@ -337,11 +344,7 @@ class World:
             if time.monotonic() > deadline:
                 left = {n: {k: self.status(n).get(k) for k in ("phase", "reason")} for n in names - set(order)}
                 raise AssertionError(f"only {order} ran of {sorted(names)}; the others: {left}")
-            running = [
-                j["metadata"]["name"]
-                for j in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["items"]
-                if (j.get("status") or {}).get("phase") == "Running"
-            ]
+            running = [j["metadata"]["name"] for j in self.jobs() if (j.get("status") or {}).get("phase") == "Running"]
             for name in running:
                 if name not in order:
                     order.append(name)
@@ -370,7 +373,7 @@ class World:
 
     def strip_finalizers(self) -> None:
         """Jobs keep a finalizer while the operator owns them; without an operator, remove it by hand."""
-        for job in self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "gpujobs")["items"]:
+        for job in self.jobs():
             if job["metadata"].get("finalizers"):
                 with contextlib.suppress(client.ApiException):
                     self.custom.patch_namespaced_custom_object(

@@ -51,10 +51,7 @@ class Setup:
         )
 
     def jobs(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.world.custom.list_namespaced_custom_object(
-            "gpulane.io", "v1alpha1", self.world.namespace, "gpujobs"
-        )["items"]
-        return items
+        return self.world.jobs()
 
 
 @pytest.fixture
@@ -281,13 +278,9 @@ def test_a_bridge_restarted_under_its_name_cancels_the_calls_its_last_run_left(
             client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "x"}])
 
     threading.Thread(target=call, daemon=True).start()
-    selector = "gpulane.io/bridge-replica=crashy"
 
     def left() -> list[str]:
-        jobs = world.custom.list_namespaced_custom_object(
-            "gpulane.io", "v1alpha1", world.namespace, "gpujobs", label_selector=selector
-        )["items"]
-        return [j["metadata"]["name"] for j in jobs]
+        return [j["metadata"]["name"] for j in world.jobs("gpulane.io/bridge-replica=crashy")]
 
     [orphan] = wait_until(left, what="the call queued behind the blocker")
     world.wait_phase(orphan, "Pending")

@@ -11,7 +11,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
@@ -59,7 +58,7 @@ def test_calls_run_in_real_backend_pods_and_a_swap_replaces_the_pod(real: Real) 
     first, second = world.real_model("alpha", load_seconds=1.0), world.real_model("beta", load_seconds=2.0)
     with pod_watch(world.core, real.lane) as seen:
         assert first in real.ask(first, "hello alpha")
-        [job] = real_jobs(world)
+        [job] = world.jobs()
         status = job["status"]
         assert status["lane"] == real.lane and status["endpoint"].startswith("http://10.250.0."), status
         with urllib.request.urlopen(f"{status['endpoint']}/v1/models", timeout=5) as resp:
@@ -102,8 +101,3 @@ def test_a_backend_that_never_loads_fails_its_job_with_model_load_timeout(real: 
     world.job("stuck", model)
     failed = world.wait_phase("stuck", "Failed", timeout=60)
     assert failed["reason"] == "ModelLoadTimeout", failed
-
-
-def real_jobs(world: World) -> list[dict[str, Any]]:
-    found = world.custom.list_namespaced_custom_object("gpulane.io", "v1alpha1", world.namespace, "gpujobs")
-    return list(found["items"])
