@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 help:
 	@echo "make demo      - run the film-versus-interactive simulation and print the policy comparison"
 	@echo "make test      - install everything needed, lint, and run the whole suite (unit + e2e)"
-	@echo "make lint      - ruff, and mypy strict on gpulane/core, api, operator, admission and bridge"
+	@echo "make lint      - ruff, and mypy (strict on every package of gpulane)"
 	@echo "make install   - create .venv and install gpulane with its dev extras"
 	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
@@ -41,7 +41,7 @@ unit: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy gpulane/core gpulane/api gpulane/operator gpulane/admission gpulane/bridge
+	$(BIN)/mypy gpulane
 
 crds: install
 	$(BIN)/python -m gpulane.api.crd crds

@@ -35,8 +35,8 @@ from harness import bench_world
 from kubernetes import client
 
 from gpulane.api.resources import TERMINAL_PHASES
-from gpulane.bridge.jobs import watch_jobs
-from gpulane.operator.kube import Kube
+from gpulane.kube.client import Kube
+from gpulane.kube.watch import watch_jobs
 from tests.e2e.operator_support import (
     OPERATOR_NAMESPACE,
     BridgeProcess,

@@ -3,27 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from typing import Any, get_args
 
-from gpulane.admission.main import add_arguments as add_webhook_arguments
-from gpulane.admission.main import add_config_arguments as add_webhook_config_arguments
-from gpulane.admission.main import run as run_webhook
-from gpulane.admission.main import run_config as run_webhook_config
-from gpulane.bridge.fake_backend import add_arguments as add_fake_arguments
-from gpulane.bridge.fake_backend import run as run_fake
-from gpulane.bridge.main import add_arguments as add_bridge_arguments
-from gpulane.bridge.main import run as run_bridge
 from gpulane.core.policy import PolicyError
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.llamaswap import Clients
 from gpulane.core.sim.report import comparison_table, jobs_json, llama_swap_settings, summarize
 from gpulane.core.sim.scenario import ScenarioError, load_scenario
-from gpulane.explain.main import add_arguments as add_explain_arguments
-from gpulane.operator.main import add_arguments as add_operator_arguments
-from gpulane.operator.main import run as run_operator
+
+# The commands that need the cluster's libraries (kopf, kubernetes, aiohttp) live in modules of their own,
+# imported only when their command runs: name -> (module, its arguments, its entry point, help).
+COMMANDS = {
+    "operator": ("gpulane.operator.main", "add_arguments", "run",
+                 "run the Kubernetes operator (kopf) against the current cluster"),
+    "bridge": ("gpulane.bridge.main", "add_arguments", "run",
+               "run the OpenAI-compatible bridge: API calls become GpuJobs"),
+    "queue": ("gpulane.explain.main", "queue_arguments", "run_queue",
+              "the queue as the dispatcher sees it: running jobs, then positions and scores"),
+    "why": ("gpulane.explain.main", "why_arguments", "run_why",
+            "why a job waited: what ran ahead of it, and the term that let it win"),
+    "lanes": ("gpulane.explain.main", "lanes_arguments", "run_lanes",
+              "each GPU: resident model, running jobs, queue depth, swaps and use"),
+    "fake-backend": ("gpulane.fakes.backend", "add_arguments", "run",
+                     "an OpenAI-compatible fake model server (tests, demo)"),
+    "webhook": ("gpulane.admission.main", "add_arguments", "run",
+                "run the admission webhook alone (priority caps, trusted tier and member)"),
+    "webhook-config": ("gpulane.admission.main", "add_config_arguments", "run_config",
+                       "print the webhook configurations to kubectl apply"),
+}  # fmt: skip
 
 
 def _policies(text: str) -> list[str]:
@@ -81,7 +92,8 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every command is listed; only ``command``'s module is imported to add its arguments."""
     parser = argparse.ArgumentParser(prog="gpulane", description="Schedule jobs on a one-job-at-a-time GPU.")
     commands = parser.add_subparsers(dest="command", required=True)
     sim = commands.add_parser("simulate", help="run a scenario on a virtual clock with the real dispatcher")
@@ -102,29 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print jobs and summary as one JSON object")
     sim.add_argument("--plot", metavar="FILE.png", help="write waits per stream and a GPU timeline per policy")
     sim.set_defaults(run=_simulate)
-    op = commands.add_parser("operator", help="run the Kubernetes operator (kopf) against the current cluster")
-    add_operator_arguments(op)
-    op.set_defaults(run=run_operator)
-    bridge = commands.add_parser("bridge", help="run the OpenAI-compatible bridge: API calls become GpuJobs")
-    add_bridge_arguments(bridge)
-    bridge.set_defaults(run=run_bridge)
-    add_explain_arguments(commands)
-    fake = commands.add_parser("fake-backend", help="an OpenAI-compatible fake model server (tests, demo)")
-    add_fake_arguments(fake)
-    fake.set_defaults(run=run_fake)
-    hook = commands.add_parser(
-        "webhook", help="run the admission webhook alone (priority caps, trusted tier and member)"
-    )
-    add_webhook_arguments(hook)
-    hook.set_defaults(run=run_webhook)
-    hook_config = commands.add_parser("webhook-config", help="print the webhook configurations to kubectl apply")
-    add_webhook_config_arguments(hook_config)
-    hook_config.set_defaults(run=run_webhook_config)
+    for name, (module_name, arguments, entry, text) in COMMANDS.items():
+        sub = commands.add_parser(name, help=text)
+        if name == command:
+            module = importlib.import_module(module_name)
+            getattr(module, arguments)(sub)
+            sub.set_defaults(run=getattr(module, entry))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     code: int = args.run(args)
     return code
 

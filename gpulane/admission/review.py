@@ -12,12 +12,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpulane.admission.rules import AdmissionPolicy, Caller, Grant, grant
+from gpulane.admission.rules import Caller, Grant, grant
+from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.contract import REQUESTED_PRIORITY
 from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority, shown
+from gpulane.core.validation import describe
 
-REQUESTED_PRIORITY = "gpulane.io/requested-priority"
 # Fields that decide a job's place in the queue: fixed once the job has been dispatched.
 QUEUE_FIELDS = ("model", "priority", "tier", "member")
 # What an OpenAI call in spec.request must carry, per path.
@@ -39,10 +41,6 @@ class Mutation:
     spec: dict[str, Any] = field(default_factory=dict)  # spec fields to set
     annotations: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-
-
-def _fields(err: ValidationError, prefix: str) -> str:
-    return "; ".join(f"{'.'.join([prefix, *(str(p) for p in e['loc'])])}: {e['msg']}" for e in err.errors())
 
 
 def _priority(raw: object) -> int:
@@ -111,7 +109,7 @@ def validate_job(
     try:
         spec = GpuJobSpec.model_validate(raw_spec)
     except ValidationError as err:
-        raise Refused(_fields(err, "spec")) from None
+        raise Refused(describe(err, "spec")) from None
     granted = grant(caller, admission, policy)
     if old is None:
         if not model_known:
@@ -164,17 +162,9 @@ def _check_update(
         raise Refused(f"user {caller.username} may not change spec.{personal[0]}: only trusted identities may")
 
 
-def validate_policy(spec: Mapping[str, Any]) -> None:
+def validate_policy(spec: Mapping[str, Any]) -> GpuPolicySpec:
     """A GpuPolicy must satisfy the core's invariant and bounds, and its admission rules must fit them."""
     try:
-        parsed = GpuPolicySpec.model_validate(spec)
+        return GpuPolicySpec.model_validate(spec)
     except ValidationError as err:
-        messages = []
-        for e in err.errors():
-            text = str((e.get("ctx") or {}).get("error") or e["msg"])
-            messages.append(f"spec.{'.'.join(str(p) for p in e['loc'])}: {text}" if e["loc"] else text)
-        raise Refused("; ".join(messages)) from None
-    try:
-        parsed.admission.check_against(parsed.scoring())
-    except PolicyError as err:
-        raise Refused(str(err)) from None
+        raise Refused(describe(err, "spec")) from None

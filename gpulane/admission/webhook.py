@@ -15,10 +15,11 @@ import kopf
 
 from gpulane.admission.configuration import MUTATE_JOB, VALIDATE_JOB, VALIDATE_POLICY
 from gpulane.admission.review import Refused, mutate_job, validate_job, validate_policy
-from gpulane.admission.rules import AdmissionPolicy, Caller
+from gpulane.admission.rules import Caller
+from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
 from gpulane.core.policy import Policy
-from gpulane.operator.kube import Gone, Kube, load_client
+from gpulane.kube.client import Gone, Kube, load_client
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, StrictInt
+from pydantic import Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
-from gpulane.admission.rules import AdmissionPolicy
+from gpulane.api.admission import AdmissionPolicy
 from gpulane.core.policy import CamelModel, Policy
 
 GROUP = "gpulane.io"
@@ -227,9 +227,18 @@ class GpuLaneStatus(CamelModel):
 
 
 class GpuPolicySpec(Policy):
-    """The scoring policy's fields, plus who may ask for what (enforced by the admission webhook)."""
+    """The scoring policy's fields, plus who may ask for what (enforced by the admission webhook).
+
+    Validating one checks everything a policy must satisfy: the core's invariant and bounds (``Policy``'s
+    own validators), and admission rules that fit them.
+    """
 
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+
+    @model_validator(mode="after")
+    def _admission_fits(self) -> GpuPolicySpec:
+        self.admission.check_against(self.scoring())
+        return self
 
     def scoring(self) -> Policy:
         """The core's policy: every field but ``admission``."""

@@ -18,10 +18,11 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
 
+from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
-from gpulane.bridge.jobs import outcome_patch, watch_jobs
-from gpulane.operator.controller import EXECUTOR_LEASE
-from gpulane.operator.kube import Body, Conflict, Gone, Kube
+from gpulane.bridge.jobs import outcome_patch
+from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
 

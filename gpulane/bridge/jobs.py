@@ -14,23 +14,21 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
-from gpulane.api.resources import API_VERSION, GROUP, TERMINAL_PHASES, VERSION
+from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLICA_LABEL, Body
+from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
+from gpulane.api.times import format_time
 from gpulane.bridge.calls import CallError
-from gpulane.operator.controller import EXECUTOR_LEASE
-from gpulane.operator.kube import Body, Conflict, Gone, Kube
-from gpulane.operator.status import FINALIZER
-from gpulane.operator.translate import format_time
+from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
 
-REPLICA_LABEL = "gpulane.io/bridge-replica"
 MODELS_TTL = 5.0
 
 
@@ -90,47 +88,6 @@ def _state(obj: dict[str, Any]) -> JobState:
         reason=status.get("reason"),
         message=status.get("message"),
     )
-
-
-def watch_jobs(
-    kube: Kube,
-    namespace: str | None,
-    selector: str | None,
-    deliver: Callable[[str, dict[str, Any]], None],
-    stop: threading.Event,
-    listed: Callable[[], None] = lambda: None,
-) -> None:
-    """List, then watch GpuJobs (all namespaces when ``namespace`` is None) until ``stop``; call
-    ``deliver(event type, object)`` for each, listing again after an expired version or a dropped
-    connection. Runs in a thread: the official client's watch blocks."""
-    custom = kube.custom
-    if namespace is None:
-        lister: Callable[..., Any] = custom.list_cluster_custom_object
-        where: tuple[str, ...] = (GROUP, VERSION, "gpujobs")
-    else:
-        lister, where = custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "gpujobs")
-    options = {"label_selector": selector} if selector else {}
-    version: str | None = None
-    while not stop.is_set():
-        try:
-            if version is None:
-                items = cast(dict[str, Any], lister(*where, **options))
-                version = items["metadata"]["resourceVersion"]
-                for obj in items["items"]:
-                    deliver("ADDED", obj)
-                listed()
-            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                lister, *where, resource_version=version, timeout_seconds=60, **options
-            )
-            for event in stream:
-                version = event["object"]["metadata"]["resourceVersion"]
-                deliver(event["type"], event["object"])
-                if stop.is_set():
-                    return
-        except Exception as err:
-            log.debug("job watch restarts: %s", err)
-            version = None
-            time.sleep(0.5)
 
 
 def outcome_patch(succeeded: bool, message: str | None = None, result: dict[str, Any] | None = None) -> list[Body]:
@@ -234,7 +191,7 @@ class KubeJobQueue:
             "metadata": {
                 "name": name,
                 "namespace": self.namespace,
-                "labels": {REPLICA_LABEL: self.replica, "gpulane.io/api-key": submission.key},
+                "labels": {REPLICA_LABEL: self.replica, API_KEY_LABEL: submission.key},
                 "annotations": {EXECUTOR_LEASE: f"{self.namespace}/{self.lease}"},
                 # Created with the operator's finalizer: one write less between dispatch and Running.
                 "finalizers": [FINALIZER],

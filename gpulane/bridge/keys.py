@@ -29,6 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from gpulane.core.policy import CamelModel
 from gpulane.core.priority import parse_priority
+from gpulane.core.validation import describe
 
 MEMBER_HEADER = "X-LlamaSwap-Member"
 TIER_HEADER = "X-LlamaSwap-Tier"
@@ -101,8 +102,7 @@ class KeyRing:
         except yaml.YAMLError as err:
             raise KeysError(f"{path}: not YAML: {err}") from None
         except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors())
-            raise KeysError(f"{path}: {problems}") from None
+            raise KeysError(f"{path}: {describe(err)}") from None
 
     def identify(self, authorization: str | None, headers: Mapping[str, str]) -> Identity:
         """The caller's identity from ``Authorization: Bearer KEY`` and the X-LlamaSwap headers

@@ -16,7 +16,7 @@ from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import KubeJobQueue
 from gpulane.bridge.keys import KeyRing, KeysError
-from gpulane.operator.kube import Kube, load_client
+from gpulane.kube.client import Kube, load_client
 
 
 def _endpoint(text: str) -> tuple[str, str]:

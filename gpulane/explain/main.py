@@ -7,38 +7,40 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpulane.api.contract import Body
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
 from gpulane.core.policy import Policy
 from gpulane.explain import report
-from gpulane.operator.translate import Body
 
 
-def add_arguments(commands: Any) -> None:
-    q = commands.add_parser(
-        "queue", help="the queue as the dispatcher sees it: running jobs, then positions and scores"
-    )
+def _kubeconfig(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+
+
+def queue_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument("--lane", help="only jobs of this lane (and waiting ones)")
     scope = q.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", help="one namespace (default: all)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace (the default)")
     q.add_argument("--watch", "-w", action="store_true", help="print it again every 2 seconds")
     q.add_argument("-o", "--output", choices=("table", "wide", "json"), default="table")
-    q.set_defaults(run=_queue)
-    w = commands.add_parser("why", help="why a job waited: what ran ahead of it, and the term that let it win")
+    _kubeconfig(q)
+
+
+def why_arguments(w: argparse.ArgumentParser) -> None:
     w.add_argument("job", help="NAME or NAMESPACE/NAME")
     w.add_argument("-n", "--namespace", default="default")
     w.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    w.set_defaults(run=_why)
-    lanes = commands.add_parser("lanes", help="each GPU: resident model, running jobs, queue depth, swaps and use")
+    _kubeconfig(w)
+
+
+def lanes_arguments(lanes: argparse.ArgumentParser) -> None:
     lanes.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    lanes.set_defaults(run=_lanes)
-    for p in (q, w, lanes):
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)")
+    _kubeconfig(lanes)
 
 
 def _api(args: argparse.Namespace) -> client.CustomObjectsApi:
@@ -62,7 +64,7 @@ def _models(api: client.CustomObjectsApi) -> dict[str, Body]:
     return {m["metadata"]["name"]: m.get("status") or {} for m in _items(api, "gpumodels")}
 
 
-def _queue(args: argparse.Namespace) -> int:
+def run_queue(args: argparse.Namespace) -> int:
     api = _api(args)
     while True:
         rows = report.queue(_items(api, "gpujobs", args.namespace), _models(api), time.time(), args.lane)
@@ -76,14 +78,14 @@ def _queue(args: argparse.Namespace) -> int:
         print()
 
 
-def _lanes(args: argparse.Namespace) -> int:
+def run_lanes(args: argparse.Namespace) -> int:
     api = _api(args)
     rows = report.lanes(_items(api, "gpulanes"), _items(api, "gpujobs"), time.time())
     print(json.dumps(rows, indent=1) if args.output == "json" else report.render_lanes(rows))
     return 0
 
 
-def _why(args: argparse.Namespace) -> int:
+def run_why(args: argparse.Namespace) -> int:
     api = _api(args)
     namespace, _, name = args.job.rpartition("/")
     namespace = namespace or args.namespace
@@ -106,10 +108,3 @@ def _why(args: argparse.Namespace) -> int:
         else "\n".join(lines)
     )
     return 0
-
-
-def plugin() -> None:
-    """``kubectl-gpulane``: kubectl runs it for ``kubectl gpulane ...``."""
-    from gpulane.cli import main
-
-    sys.exit(main(sys.argv[1:]))

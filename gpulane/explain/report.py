@@ -10,11 +10,12 @@ import datetime
 import math
 from collections.abc import Iterable, Sequence
 
+from gpulane.api.contract import Body
+from gpulane.api.times import format_duration, parse_time
 from gpulane.core.explain import REASONS, deciding_term, format_score
 from gpulane.core.policy import Policy
 from gpulane.core.priority import resolve_priority
 from gpulane.core.score import ScoreBreakdown
-from gpulane.operator.translate import Body, format_duration, parse_time
 
 
 def clock(seconds: float | None) -> str:

@@ -11,12 +11,13 @@ from typing import Any, cast
 
 import kopf
 
+from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.resources import GROUP, VERSION
+from gpulane.kube.client import Kube, load_client
 from gpulane.operator import health
-from gpulane.operator.controller import EXECUTOR_SELECTOR, Controller, Settings
-from gpulane.operator.kube import Kube, load_client
-from gpulane.operator.pods import BACKEND_SELECTOR
-from gpulane.operator.translate import Body
+from gpulane.operator.controller import Controller
+from gpulane.operator.rebuild import rebuild
+from gpulane.operator.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ctl = Controller(kube, Settings(**memo.settings))
     memo.controller = ctl
     memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
-    await ctl.rebuild()
+    await rebuild(ctl)
     ctl.start()
 
 

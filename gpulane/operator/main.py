@@ -12,7 +12,7 @@ import os
 import kopf
 
 from gpulane.admission.main import add_serving_arguments, serving_options
-from gpulane.operator.controller import Settings
+from gpulane.operator.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

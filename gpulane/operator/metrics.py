@@ -12,6 +12,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Dispatch
+from gpulane.operator.translate import band_label
+
 # Waits run from seconds (interactive) to hours (a film's shots).
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 57600, float("inf"))
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf"))
@@ -19,6 +23,15 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, float("inf"
 
 # (band label) -> (queue depth, oldest wait in seconds)
 QueueSnapshot = Callable[[], dict[str, tuple[int, float]]]
+
+
+def queue_snapshot(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, float]]:
+    out: dict[str, tuple[int, float]] = {}
+    for job in dispatcher.ranking.pending():
+        band = band_label(job.priority, dispatcher.policy)
+        count, oldest = out.get(band, (0, 0.0))
+        out[band] = (count + 1, max(oldest, now - job.submitted_at))
+    return out
 
 
 class _QueueCollector(Collector):
@@ -67,3 +80,11 @@ class Metrics:
         self.job_failures = Counter(
             "gpulane_job_failures_total", "Jobs failed by gpulane, per reason", ["reason"], registry=r
         )
+
+    def dispatched(self, decision: Dispatch, band: str) -> None:
+        self.dispatches.labels(band).inc()
+        self.wait.labels(band).observe(max(0.0, decision.at - decision.job.submitted_at))
+        for term in decision.changed_by:
+            self.order_changes.labels(term).inc()
+        if decision.replaces is not None:
+            self.swaps.inc()

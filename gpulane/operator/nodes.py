@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gpulane.api.contract import Body
 from gpulane.api.resources import GpuLaneSpec
-from gpulane.operator.translate import Body
 
 
 @dataclass(frozen=True, slots=True)

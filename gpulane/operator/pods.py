@@ -13,13 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL
 from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-LANE_LABEL = "gpulane.io/lane"
-MODEL_LABEL = "gpulane.io/model"
-COMPONENT_LABEL = "app.kubernetes.io/component"
-BACKEND_SELECTOR = f"{MANAGED_BY}=gpulane,{COMPONENT_LABEL}=backend"
 CONTAINER = "backend"
 # Model servers hold no state worth a long shutdown; a short grace keeps swaps quick.
 GRACE_SECONDS = 5
@@ -93,7 +89,7 @@ def backend_pod(
                 LANE_LABEL: label_value(lane),
                 MODEL_LABEL: label_value(model),
             },
-            "annotations": {**(model_spec.pod_annotations or {}), "gpulane.io/model": model, "gpulane.io/lane": lane},
+            "annotations": {**(model_spec.pod_annotations or {}), MODEL_LABEL: model, LANE_LABEL: lane},
             "ownerReferences": [
                 {
                     "apiVersion": API_VERSION,
@@ -130,7 +126,7 @@ def pod_state(body: dict[str, Any]) -> PodState | None:
     """The state of a backend pod, or None for a pod that is not one of gpulane's."""
     meta = body.get("metadata") or {}
     annotations = meta.get("annotations") or {}
-    lane, model = annotations.get("gpulane.io/lane"), annotations.get("gpulane.io/model")
+    lane, model = annotations.get(LANE_LABEL), annotations.get(MODEL_LABEL)
     if not lane or not model:
         return None
     status = body.get("status") or {}

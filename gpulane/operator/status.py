@@ -18,16 +18,22 @@ import logging
 import math
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from gpulane.api.contract import FINALIZER, Body
+from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
+from gpulane.api.times import format_time
+from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.forecast import Forecast, forecast
-from gpulane.operator.kube import Gone
-from gpulane.operator.translate import band_label, condition, format_time, merge_condition, score_fields
-
-if TYPE_CHECKING:
-    from gpulane.operator.controller import Controller, JobView
-
-FINALIZER = "gpulane.io/lane-accounting"
+from gpulane.kube.client import Gone, Kube
+from gpulane.operator.history import DispatchHistory
+from gpulane.operator.job_writes import JobWrites, job_status
+from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.observed import Observed
+from gpulane.operator.settings import Settings
+from gpulane.operator.translate import band_label, condition, merge_condition, score_fields
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +42,26 @@ REFRESH_SECONDS = 10.0
 CONCURRENT_WRITES = 8
 
 # (job, the state it must still be in, the status to merge, what the writer remembers having written)
-Write = tuple["JobView", str, dict[str, Any], tuple[Any, ...]]
+Write = tuple[JobView, JobState, Body, tuple[Any, ...]]
+
+
+class StatusHost(Protocol):
+    """What the status writer reads: nothing here is written but statuses."""
+
+    settings: Settings
+    clock: Callable[[], float]
+    kube: Kube
+    dispatcher: Dispatcher
+    jobs: JobTable
+    observed: Observed
+    history: DispatchHistory
+    lanes: dict[str, LaneRunner]
+    writes: JobWrites
 
 
 class StatusWriter:
-    def __init__(self, ctl: Controller) -> None:
-        self.ctl = ctl
+    def __init__(self, host: StatusHost) -> None:
+        self.host = host
         self.dirty = True
         self._lanes: set[str] = set()
         self._models: set[str] = set()
@@ -55,7 +75,7 @@ class StatusWriter:
         self._models.add(model)
 
     async def run(self) -> None:
-        interval = self.ctl.settings.status_interval
+        interval = self.host.settings.status_interval
         while True:
             started = time.monotonic()
             try:
@@ -66,9 +86,9 @@ class StatusWriter:
             await asyncio.sleep(max(0.05, interval - (time.monotonic() - started)))
 
     async def flush(self) -> None:
-        ctl = self.ctl
-        now = ctl.clock()
-        budget = max(1, int(ctl.settings.status_writes_per_second * ctl.settings.status_interval))
+        host = self.host
+        now = host.clock()
+        budget = max(1, int(host.settings.status_writes_per_second * host.settings.status_interval))
         writes: list[Write] = []
         if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
             self.dirty = False
@@ -84,14 +104,14 @@ class StatusWriter:
                     break
         sem = asyncio.Semaphore(CONCURRENT_WRITES)
 
-        async def job(view: JobView, state: str, status: dict[str, Any], written: tuple[Any, ...]) -> None:
+        async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
             async with sem, view.lock:
-                if ctl.jobs.get(view.key) is not view or view.state != state:
+                if not host.jobs.holds(view, state):
                     return  # dispatched or gone since the pass began
                 try:
                     if status.get("positionExact"):  # likely dispatched soon: take the finalizer off that path
-                        await ctl.add_finalizer(view)
-                    await ctl.kube.patch_job_status(view.namespace, view.name, {"status": status})
+                        await host.writes.add_finalizer(view)
+                    await host.kube.patch_job_status(view.namespace, view.name, {"status": status})
                 except Gone:
                     return
                 view.written = written
@@ -101,21 +121,21 @@ class StatusWriter:
         models, self._models = self._models, set()
         await asyncio.gather(
             *(job(*w) for w in writes),
-            *(self._write_lane(name) for name in lanes if name in ctl.lanes),
-            *(self._write_model(name) for name in models if name in ctl.models),
+            *(self._write_lane(name) for name in lanes if name in host.lanes),
+            *(self._write_model(name) for name in models if name in host.observed.models),
         )
 
     def _queue_writes(self, now: float) -> list[Write]:
-        ctl = self.ctl
-        dispatcher = ctl.dispatcher
-        exact_n = ctl.settings.exact_positions
+        host = self.host
+        dispatcher = host.dispatcher
+        exact_n = host.settings.exact_positions
         per_lane: Counter[str | None] = Counter()
-        depth: dict[str, Counter[str]] = {name: Counter() for name in ctl.lanes}
+        depth: dict[str, Counter[str]] = {name: Counter() for name in host.lanes}
         writes: list[Write] = []
         ahead: list[Forecast] = forecast(dispatcher)
         for f in ahead:
-            view = ctl.jobs.get(f.job_id)
-            if view is None or view.state != "pending":
+            view = host.jobs.get(f.job_id)
+            if view is None or view.state != JobState.PENDING:
                 continue
             band = band_label(view.job.priority, dispatcher.policy)
             if f.lane in depth:
@@ -132,30 +152,30 @@ class StatusWriter:
                 continue
             queued = condition("Admitted", True, "Queued", "waiting for a lane", now)
             view.conditions = merge_condition(view.conditions, queued)
-            status: dict[str, Any] = {
-                "phase": "Pending",
-                "reason": None,  # clears ModelNotFound once the model exists
-                "message": None,
-                "observedGeneration": view.generation,
-                "position": position,
-                "positionExact": exact,
-                "estimatedStart": None if start is None else format_time(start),
-                "score": score_fields(score),
-                "conditions": view.conditions,
-            }
-            writes.append((view, "pending", status, desired))
+            status = job_status(
+                phase="Pending",
+                reason=None,  # clears ModelNotFound once the model exists
+                message=None,
+                observedGeneration=view.generation,
+                position=position,
+                positionExact=exact,
+                estimatedStart=None if start is None else format_time(start),
+                score=score_fields(score),
+                conditions=view.conditions,
+            )
+            writes.append((view, JobState.PENDING, status, desired))
         self._depth = {name: dict(c) for name, c in depth.items()}
-        for models in ctl.parked.values():
-            for key in models:
-                view = ctl.jobs[key]
-                if view.written is None:
-                    message = f"no GpuModel named {view.model!r}; the job waits until one is created"
-                    view.conditions = merge_condition(
-                        view.conditions, condition("Admitted", False, "ModelNotFound", message, now)
-                    )
-                    status = {"phase": "Pending", "reason": "ModelNotFound", "message": message}
-                    writes.append((view, "parked", {**status, "conditions": view.conditions}, ("parked",)))
-        for name, runner in ctl.lanes.items():
+        for view in host.jobs.parked():
+            if view.written is None:
+                message = f"no GpuModel named {view.model!r}; the job waits until one is created"
+                view.conditions = merge_condition(
+                    view.conditions, condition("Admitted", False, "ModelNotFound", message, now)
+                )
+                status = job_status(
+                    phase="Pending", reason="ModelNotFound", message=message, conditions=view.conditions
+                )
+                writes.append((view, JobState.PARKED, status, ("parked",)))
+        for name, runner in host.lanes.items():
             if self._depth.get(name, {}) != runner.last_depth:
                 self._lanes.add(name)
         return writes
@@ -175,11 +195,11 @@ class StatusWriter:
         return moved or bool(abs(score - written[3]) >= 1)
 
     async def _write_lane(self, name: str) -> None:
-        ctl = self.ctl
-        runner = ctl.lanes[name]
-        core = ctl.dispatcher.lanes.get(name)
-        pod = ctl.pods.get(name)
-        spacing = ctl.dispatcher.policy.band_spacing
+        host = self.host
+        runner = host.lanes[name]
+        core = host.dispatcher.lanes.get(name)
+        pod = host.observed.pods.get(name)
+        spacing = host.dispatcher.policy.band_spacing
         depth = self._depth.get(name, {})
         # A merge patch merges maps: bands that emptied must be removed explicitly.
         queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
@@ -193,25 +213,31 @@ class StatusWriter:
             why, message = "NoModel", "no model is loaded; the next dispatch loads one"
         else:
             why, message = "Loading", f"loading {core.resident}"
-        runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, ctl.clock()))
-        status = {
-            "residentModel": core.resident if core else None,
-            "pod": pod.name if pod else None,
-            "ready": ready,
-            "conditions": runner.conditions,
-            "observedGeneration": runner.generation,
-            "history": [record for _, record in runner.history],
-            "running": sorted(runner.running | runner.assigned),
-            "queueDepth": queue_depth,
-            "lastServed": [
-                {"member": member, "band": band * spacing, "at": format_time(at)}
-                for (member, band), at in sorted(ctl.dispatcher.ranking.served().items())
-            ],
-        }
+        runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, host.clock()))
+        model = GpuLaneStatus.model_validate(
+            {
+                "residentModel": core.resident if core else None,
+                "pod": pod.name if pod else None,
+                "ready": ready,
+                "conditions": runner.conditions,
+                "observedGeneration": runner.generation,
+                "history": host.history.of_lane(name),
+                "running": sorted(v.key for v in host.jobs.on_lane(name)),
+                "queueDepth": depth,
+                "lastServed": [
+                    {"member": member, "band": band * spacing, "at": format_time(at)}
+                    for (member, band), at in sorted(host.dispatcher.ranking.served().items())
+                ],
+            }
+        )
+        status = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        status["queueDepth"] = queue_depth  # with the emptied bands as None, which the model does not allow
         with contextlib.suppress(Gone):
-            await ctl.kube.patch_cluster_status("gpulanes", name, {"status": status})
+            await host.kube.patch_cluster_status("gpulanes", name, {"status": status})
 
     async def _write_model(self, name: str) -> None:
         with contextlib.suppress(Gone):
-            status = {**self.ctl.learned[name], "observedGeneration": self.ctl.model_generations.get(name)}
-            await self.ctl.kube.patch_cluster_status("gpumodels", name, {"status": status})
+            observed = self.host.observed
+            fields = {**observed.learned[name], "observedGeneration": observed.model_generations.get(name)}
+            status = GpuModelStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
+            await self.host.kube.patch_cluster_status("gpumodels", name, {"status": status})

@@ -6,58 +6,27 @@ core events, and the unit tests exercise them without a cluster.
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
+from gpulane.api.contract import Body
 from gpulane.api.resources import GpuJobSpec, GpuModelSpec
+from gpulane.api.times import format_time, parse_time
 from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority
 from gpulane.core.score import ScoreBreakdown
+from gpulane.core.validation import describe
 
-Body = dict[str, Any]
 DEFAULT_TIER = "free"  # of a job that names none (the webhook, when installed, always sets one)
 
 
 def job_key(body: Body) -> str:
     meta = body["metadata"]
     return f"{meta['namespace']}/{meta['name']}"
-
-
-def parse_time(text: str | None) -> float | None:
-    """Seconds since the epoch from an RFC 3339 timestamp as the apiserver writes it."""
-    if not text:
-        return None
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
-def format_time(seconds: float) -> str:
-    """RFC 3339 in UTC with millisecond precision (what a date-time schema field accepts)."""
-    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def format_duration(seconds: float) -> str:
-    """``45s``, ``12m30s``, ``3h05m``: compact like kubectl's AGE column."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def validation_message(err: ValidationError) -> str:
-    """One line per problem, with the field's path, as a user reads it on the status."""
-    parts = []
-    for problem in err.errors():
-        where = ".".join(["spec", *(str(p) for p in problem["loc"])])
-        parts.append(f"{where}: {problem['msg']}")
-    return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +47,7 @@ def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
     try:
         spec = GpuJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as err:
-        return Refusal("InvalidSpec", validation_message(err))
+        return Refusal("InvalidSpec", describe(err, "spec"))
     try:
         priority = resolve_priority(spec.priority)
     except ValueError as err:

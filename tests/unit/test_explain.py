@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpulane.api.times import format_time
 from gpulane.core.explain import deciding_term
 from gpulane.core.policy import Policy
 from gpulane.core.score import ScoreBreakdown
 from gpulane.explain.report import duration, lanes, queue, render_lanes, render_queue, table, why
-from gpulane.operator.translate import format_time
 
 T0 = 1_800_000_000.0
 

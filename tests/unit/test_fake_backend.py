@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from PIL import Image
 
-from gpulane.bridge.fake_backend import (
+from gpulane.fakes.backend import (
     MODEL_HEADER,
     PNG,
     FakeBackendConfig,
@@ -317,7 +317,7 @@ def test_arguments_cover_the_config() -> None:
 
 def test_cli_ignores_sigterm_when_asked_and_stops_on_sigint() -> None:
     code = (
-        "import argparse, sys; from gpulane.bridge.fake_backend import add_arguments, run; "
+        "import argparse, sys; from gpulane.fakes.backend import add_arguments, run; "
         "p = argparse.ArgumentParser(); add_arguments(p); sys.exit(run(p.parse_args(sys.argv[1:])))"
     )
     argv = [sys.executable, "-c", code, "--port", "0", "--ignore-sigterm", "--model", "m"]

@@ -20,13 +20,17 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from gpulane.api.contract import FINALIZER
 from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
+from gpulane.api.times import format_time
 from gpulane.core.policy import Policy
-from gpulane.operator.controller import FINALIZER, Controller, Settings
-from gpulane.operator.kube import STATUS_WRITE_KINDS, Conflict, Gone
+from gpulane.kube.client import STATUS_WRITE_KINDS, Conflict, Gone
+from gpulane.operator.controller import Controller
+from gpulane.operator.jobs import JobState
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
-from gpulane.operator.translate import format_time
+from gpulane.operator.rebuild import rebuild
+from gpulane.operator.settings import Settings
 
 Body = dict[str, Any]
 
@@ -360,6 +364,10 @@ class World:
             assert self.phase(name) == "Running"
 
 
+def running_on(ctl: Controller, lane: str) -> set[str]:
+    return {view.key for view in ctl.jobs.on_lane(lane, JobState.RUNNING)}
+
+
 def statuses(kube: FakeKube, since: int = 0) -> list[tuple[str, Any]]:
     """The job status writes after call number ``since``: (job name, patch)."""
     return [(c.target.rsplit("/", 1)[1], c.body) for c in kube.calls[since:] if c.verb == "patch_job_status"]
@@ -413,7 +421,7 @@ def test_warm_lane_dispatches_straight_to_running():
         assert event.body["reason"] == "Dispatched" and not event.body["warning"]
         assert w.kube.index("patch_job_status", target) < w.kube.index("event", target)
         assert w.ctl.jobs[key].state == "running"
-        assert w.ctl.lanes["gpu-0"].running == {key}
+        assert running_on(w.ctl, "gpu-0") == {key}
         assert w.kube.calls_of("create_pod") == []
 
     asyncio.run(scenario())
@@ -444,7 +452,7 @@ def test_pods_of_another_backend_namespace_are_not_ours():
         other = pod_body("gpu-0", "m", ip="10.9.9.9")
         other["metadata"]["namespace"] = "another-install"
         w.ctl.pod_event("ADDED", other)
-        assert "gpu-0" not in w.ctl.pods
+        assert "gpu-0" not in w.ctl.observed.pods
         w.submit("j1")
         await w.reconcile()
         assert w.kube.index("create_pod", f"pods/{SYSTEM}/gpulane-gpu-0") >= 0, "it loads its own pod"
@@ -594,7 +602,7 @@ def test_rebuild_decides_only_with_the_whole_queue_known():
         kube.put("gpujobs", job_body("low", created=T0 - 200, priority=0))
         kube.put("gpujobs", job_body("high", created=T0 - 100, priority=100))
 
-        await ctl.rebuild()
+        await rebuild(ctl)
 
         assert ctl.ready
         assert [d.job.id for d in ctl.dispatcher.history] == [f"{NS}/high"]
@@ -611,7 +619,7 @@ def test_rebuild_decides_only_with_the_whole_queue_known():
         assert kube.calls_of("patch_job", f"gpujobs/{NS}/r1") == []
         assert kube.job("r1")["status"]["phase"] == "Running"
         assert w.phase("low") == "Pending"
-        assert ctl.lanes["gpu-0"].running == {f"{NS}/r1", f"{NS}/high"}
+        assert running_on(ctl, "gpu-0") == {f"{NS}/r1", f"{NS}/high"}
         assert kube.calls_of("create_pod") == [] and kube.calls_of("delete_pod") == []
 
         # r1 really holds a slot: when it ends, low takes it.
@@ -813,7 +821,7 @@ def test_deleting_jobs_cancels_them():
         assert w.kube.job("wait")["metadata"]["finalizers"] == ["example.com/keep"]
         assert w.ctl.jobs[f"{NS}/run"].state == "running"
         assert set(w.ctl.dispatcher.running) == {f"{NS}/run"}
-        assert w.ctl.lanes["gpu-0"].running == {f"{NS}/run"}
+        assert running_on(w.ctl, "gpu-0") == {f"{NS}/run"}
 
         w.ctl.job_event("MODIFIED", w.kube.update(f"gpujobs/{NS}/run", stamp))
         await w.reconcile()
@@ -826,7 +834,7 @@ def test_deleting_jobs_cancels_them():
             "patch_job", target, lambda p: p[-1] == {"op": "replace", "path": "/metadata/finalizers", "value": []}
         )
         assert cancel < drop
-        assert w.ctl.jobs == {} and w.ctl.dispatcher.running == {}
+        assert len(w.ctl.jobs) == 0 and w.ctl.dispatcher.running == {}
         assert [c.body["reason"] for c in w.kube.calls_of("event", target)][-1] == "Deleted"
 
     asyncio.run(scenario())
@@ -1024,7 +1032,7 @@ def test_rebuild_adopts_a_running_job_the_policy_now_refuses():
         kube.put("gpujobs", running)
         kube.put("gpujobs", job_body("next", "other", created=T0 - 100))
 
-        await ctl.rebuild()
+        await rebuild(ctl)
         await w.reconcile()
 
         assert f"{NS}/r1" in ctl.jobs
@@ -1109,7 +1117,7 @@ def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
         w.kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {"nodeName": "gone"}})
         w.kube.put("gpujobs", job_body("j1", "m"))
         fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
-        await fresh.rebuild()
+        await rebuild(fresh)
         assert fresh.lanes["gpu-0"].node_problem == "node gone does not exist"
         assert not fresh.dispatcher.lanes["gpu-0"].online
         assert fresh.jobs[f"{NS}/j1"].state == "pending"
@@ -1130,9 +1138,8 @@ def test_a_story_with_dispatches_at_the_same_instant_on_two_lanes():
         view = w.ctl.jobs[key]
         at = view.job.submitted_at + 1
         for lane, job in (("gpu-0", "a"), ("gpu-1", "b")):
-            w.ctl.lanes[lane].history.append((at, {"job": f"{NS}/{job}", "lane": lane}))
-        view.dispatched_at = at + 1
-        story = w.ctl.story(view, at + 1)
+            w.ctl.history.restore(lane, [{"job": f"{NS}/{job}", "lane": lane, "at": format_time(at)}])
+        story = w.ctl.history.story(key, view.job.submitted_at, at + 1, load=False)
         assert [r["job"] for r in story["ranAhead"]] == [f"{NS}/a", f"{NS}/b"]
 
     asyncio.run(scenario())

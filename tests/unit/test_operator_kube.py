@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpulane.operator.kube import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone, Kube
 
 TESTED = [
     {"op": "test", "path": "/status/phase", "value": "Running"},

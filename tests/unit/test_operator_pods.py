@@ -4,13 +4,11 @@ import re
 
 import pytest
 
+from gpulane.api.contract import BACKEND_SELECTOR, LANE_LABEL, MODEL_LABEL
 from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
 from gpulane.operator.pods import (
-    BACKEND_SELECTOR,
     CONTAINER,
     GRACE_SECONDS,
-    LANE_LABEL,
-    MODEL_LABEL,
     PodState,
     backend_pod,
     label_value,

@@ -6,22 +6,20 @@ import pytest
 from pydantic import ValidationError
 
 from gpulane.api.resources import GpuJobSpec, GpuModelSpec
+from gpulane.api.times import format_duration, format_time, parse_time
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 from gpulane.core.score import ScoreBreakdown
+from gpulane.core.validation import describe
 from gpulane.operator.translate import (
     Refusal,
     band_label,
     condition,
-    format_duration,
-    format_time,
     job_from_body,
     job_key,
     merge_condition,
     model_spec,
-    parse_time,
     score_fields,
-    validation_message,
 )
 
 # 2024-05-01T12:00:00Z
@@ -236,16 +234,16 @@ def test_boolean_priority_is_refused_like_resolve_priority_refuses_it():
     assert result.reason in ("InvalidSpec", "InvalidPriority")
 
 
-# -- validation_message ------------------------------------------------------------------------
+# -- describe (validation errors) ------------------------------------------------------------------------
 
 
-def test_validation_message_prefixes_each_path_with_spec():
+def test_describe_prefixes_each_path_with_spec():
     with pytest.raises(ValidationError) as err:
         GpuJobSpec.model_validate({"model": "m", "tier": ""})
-    assert validation_message(err.value).startswith("spec.tier: ")
+    assert describe(err.value, "spec").startswith("spec.tier: ")
 
 
-def test_validation_message_for_a_spec_that_is_not_an_object_names_spec_once():
+def test_describe_for_a_spec_that_is_not_an_object_names_spec_once():
     r = refusal("not-an-object")
     assert r.reason == "InvalidSpec"
     assert r.message.startswith("spec: ")

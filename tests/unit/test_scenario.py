@@ -23,7 +23,7 @@ def write(tmp_path, text):
         ("name: x\n", "at least one stream or job"),
         (
             "name: x\njobs: [{name: a, model: m, runSeconds: 5, priority: urgent}]\n",
-            "jobs.0.priority: Value error, priority 'urgent' is neither an integer nor one of",
+            "jobs.0.priority: priority 'urgent' is neither an integer nor one of",
         ),
         ("name: x\njobs: [{name: a, model: m, runSeconds: soon}]\n", "jobs.0.runSeconds"),
         ("name: x\njobs: [{name: a, model: m, runSeconds: 5, tier: gold}]\n", "unknown tier(s) gold"),

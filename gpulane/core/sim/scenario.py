@@ -12,6 +12,7 @@ from gpulane.core.durations import parse_duration
 from gpulane.core.policy import CamelModel, Policy
 from gpulane.core.priority import resolve_priority
 from gpulane.core.sim.llamaswap import LlamaSwapConfig
+from gpulane.core.validation import describe
 
 Seconds = Annotated[float, BeforeValidator(parse_duration)]
 Priority = Annotated[int, BeforeValidator(resolve_priority)]
@@ -171,5 +172,4 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         return Scenario.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors())
-        raise ScenarioError(f"{path}: {problems}") from err
+        raise ScenarioError(f"{path}: {describe(err)}") from err

@@ -1,4 +1,4 @@
-"""Every call the operator makes to the Kubernetes API goes through ``Kube``.
+"""Every call gpulane makes to the Kubernetes API goes through ``Kube``.
 
 One place means one counter of writes per kind (reported as a metric and by the benchmarks), one
 thread pool for the official client's blocking calls, and one translation of API errors into the
@@ -19,15 +19,12 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpulane.api.contract import EXECUTOR_LABEL, Body
 from gpulane.api.resources import GROUP, VERSION
-from gpulane.operator.translate import format_time
+from gpulane.api.times import format_time
 
-Body = dict[str, Any]
 Patch = Body | list[Body]
 
-
-# Leases of executors (bridge replicas): a job they run is lost when their Lease expires.
-EXECUTOR_LABEL = "gpulane.io/executor"
 STATUS_WRITE_KINDS = {"gpulanes": "lane-status", "gpumodels": "model-status", "gpupolicies": "policy-status"}
 
 

@@ -1,0 +1,89 @@
+"""The package's shape, as the architecture promises it (docs/architecture.md): checked from the imports."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "gpulane"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> the gpulane modules it imports (at any level, type-checking imports included)."""
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    out: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpulane"):
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    found.add(sub if sub in modules else node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("gpulane")}
+        out[name] = {m for m in found if m in modules and m != name}
+    return out
+
+
+def test_no_module_outside_the_operator_imports_it():
+    offenders = {
+        (name, target)
+        for name, targets in _imports().items()
+        for target in targets
+        if target.startswith("gpulane.operator") and not name.startswith("gpulane.operator")
+    }
+    assert offenders == set()
+
+
+def test_the_core_imports_only_the_core():
+    offenders = {
+        (name, target)
+        for name, targets in _imports().items()
+        if name.startswith("gpulane.core")
+        for target in targets
+        if not target.startswith("gpulane.core")
+    }
+    assert offenders == set()
+
+
+def test_there_are_no_import_circles():
+    graph = _imports()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                circles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert circles == []
+
+
+def test_the_controller_is_a_router_of_a_few_hundred_lines():
+    assert len((PACKAGE / "operator" / "controller.py").read_text().splitlines()) < 400
+
+
+def test_simulate_loads_none_of_the_cluster_libraries():
+    """``gpulane simulate`` imports only the core: kopf, kubernetes and aiohttp stay unloaded."""
+    probe = (
+        "import sys\n"
+        "from gpulane.cli import build_parser\n"
+        "build_parser('simulate')\n"
+        "print(','.join(sorted(m for m in ('kopf', 'kubernetes', 'aiohttp') if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
