@@ -20,11 +20,6 @@ from tests.e2e.operator_support import OperatorProcess, World  # noqa: E402
 from tests.e2e.support import Cluster, localcluster  # noqa: E402
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def peak_rss_mib(pid: int) -> float:
     """A process's peak resident memory (VmHWM), in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
