@@ -18,6 +18,7 @@ It exits non-zero when a promise is broken, so it can gate a release.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
 import json
@@ -35,7 +36,7 @@ from harness import bench_world
 from kubernetes import client
 
 from gpulane.api.resources import TERMINAL_PHASES
-from gpulane.kube.client import Kube
+from gpulane.kube.client import Kube, load_client
 from gpulane.kube.watch import watch_jobs
 from tests.e2e.operator_support import (
     OPERATOR_NAMESPACE,
@@ -53,14 +54,22 @@ KEY = "sk-chaos-key"
 class Ledger:
     """Every job's latest phase and lane as the watch delivers them, and the most any lane held at once."""
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+    def __init__(self, kubeconfig: str, namespace: str) -> None:
         self.jobs: dict[str, tuple[str | None, str | None, str | None]] = {}  # name -> (phase, lane, reason)
         self.peak: collections.Counter[str] = collections.Counter()
         self.over: list[str] = []  # descriptions of moments a lane held more than one job
         self.lock = threading.Lock()
         self._stop = threading.Event()
-        args = (Kube(api, namespace), namespace, None, self._seen, self._stop)  # the watch uses its api only
-        threading.Thread(target=watch_jobs, args=args, daemon=True).start()
+        threading.Thread(target=asyncio.run, args=(self._watch(kubeconfig, namespace),), daemon=True).start()
+
+    async def _watch(self, kubeconfig: str, namespace: str) -> None:
+        """The project's own watch, on an event loop of its own beside the bench's threads."""
+        kube = Kube(await load_client(kubeconfig), namespace)
+        task = asyncio.create_task(watch_jobs(kube, namespace, None, self._seen))
+        while not self._stop.is_set():
+            await asyncio.sleep(0.2)
+        task.cancel()
+        await kube.close()
 
     def _seen(self, kind: str, obj: dict[str, Any]) -> None:
         name, status = obj["metadata"]["name"], obj.get("status") or {}
@@ -112,7 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                            "--replica", "chaos", "--lease-seconds", "3"))  # fmt: skip
         bridge.proc.start()
         operator = Restartable(bench.operator)
-        ledger = Ledger(bench.api, bench.namespace)
+        ledger = Ledger(str(bench.cluster.kubeconfig), bench.namespace)
         stop = threading.Event()
         counts: collections.Counter[str] = collections.Counter()
         submitted: list[str] = []

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import importlib
 import logging
-import os
 import re
 import sys
 from pathlib import Path
@@ -54,8 +53,6 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig
     importlib.import_module("gpulane.admission.webhook")  # registers the handlers
 
     memo = kopf.Memo(kubeconfig=args.kubeconfig, webhook=serving)

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import kopf
+from kubernetes.aio.client import ApiClient
 
 from gpulane.admission.configuration import MUTATE_JOB, VALIDATE_JOB, VALIDATE_POLICY
 from gpulane.admission.review import Refused, mutate_job, validate_job, validate_policy
@@ -19,7 +20,8 @@ from gpulane.admission.rules import Caller
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
 from gpulane.core.policy import Policy
-from gpulane.kube.client import Gone, Kube, load_client
+from gpulane.kube.client import Gone, Kube
+from gpulane.kube.login import credentials
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +83,7 @@ async def start_webhook(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: A
     configure(
         settings, host=serving["host"], port=serving["port"], certfile=serving["certfile"], keyfile=serving["keyfile"]
     )
-    memo.admission = AdmissionState(Kube(load_client(memo.get("kubeconfig")), namespace="default"))
+    memo.admission = AdmissionState(Kube(ApiClient(await credentials(memo)), namespace="default"))
     await memo.admission.load()
 
 

@@ -26,3 +26,9 @@ def format_duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def format_micro_time(seconds: float) -> str:
+    """RFC 3339 with exactly six fractional digits: a MicroTime field (a Lease's renewTime) takes no other."""
+    moment = datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")

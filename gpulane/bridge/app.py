@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpulane.bridge.calls import Call, CallError, read_call
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
@@ -78,7 +79,7 @@ class Bridge:
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
-        app.router.add_get("/metrics", self.metrics_page)
+        app.router.add_get("/metrics", make_aiohttp_handler(self.metrics.registry))
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -100,9 +101,6 @@ class Bridge:
     async def readyz(self, _: web.Request) -> web.Response:
         ready = getattr(self.queue, "ready", True)
         return web.Response(text="ok\n") if ready else web.Response(status=503, text="watch not started\n")
-
-    async def metrics_page(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def list_models(self, request: web.Request) -> web.Response:
         try:

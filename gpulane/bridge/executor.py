@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
@@ -44,23 +43,19 @@ class ManifestExecutor:
         self.session: ClientSession | None = None
         self.endpoints = endpoints
         self.max_answer_bytes = max_answer_bytes
-        self._stop = threading.Event()
         self._running: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
         self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
 
         def deliver(kind: str, obj: dict[str, Any]) -> None:
             if kind != "DELETED" and (obj.get("spec") or {}).get("request"):
-                loop.call_soon_threadsafe(self._seen, obj)
+                self._seen(obj)
 
-        args = (self.kube, None, None, deliver, self._stop)
-        threading.Thread(target=watch_jobs, args=args, name="executor-watch", daemon=True).start()
+        self._spawn(watch_jobs(self.kube, None, None, deliver))
 
     async def stop(self) -> None:
-        self._stop.set()
         for task in self._tasks:
             task.cancel()
         if self.session is not None:

@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from kubernetes.client.exceptions import ApiException
+from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLICA_LABEL, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
@@ -117,19 +116,17 @@ class KubeJobQueue:
         self._waiters: dict[str, asyncio.Queue[JobState]] = {}
         self._models: set[str] = set()
         self._models_at = -MODELS_TTL
-        self._stop = threading.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self.ready = False
+        self.ready = False  # the watch is in step: follows it, so /readyz turns false while it is broken
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self.kube.apply_lease(self.lease, self.replica, self.lease_seconds, time.time())
         await self._cancel_orphans()
-        loop = asyncio.get_running_loop()
-        thread = threading.Thread(target=self._watch, args=(loop,), name="bridge-watch", daemon=True)
-        thread.start()
-        self._tasks.append(asyncio.create_task(self._renew()))
+        selector = f"{REPLICA_LABEL}={self.replica}"
+        watching = watch_jobs(self.kube, self.namespace, selector, self._seen, self._in_step)
+        self._tasks += [asyncio.create_task(watching), asyncio.create_task(self._renew())]
 
     async def _cancel_orphans(self) -> None:
         """Calls of this replica's previous incarnation (a crashed container restarts under the same name and
@@ -144,7 +141,6 @@ class KubeJobQueue:
                     await self.kube.delete_job(self.namespace, name)
 
     async def stop(self) -> None:
-        self._stop.set()
         for task in self._tasks:
             task.cancel()
         with contextlib.suppress(Gone):
@@ -158,21 +154,15 @@ class KubeJobQueue:
             except Exception:
                 log.exception("renewing the executor Lease failed; retrying")
 
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        def deliver(kind: str, obj: dict[str, Any]) -> None:
-            if kind == "DELETED":  # gone while someone waits for it: to the waiter it ended
-                obj = {**obj, "status": {**(obj.get("status") or {}), "phase": "Cancelled"}}
-            loop.call_soon_threadsafe(self._deliver, obj)
-
-        watch_jobs(self.kube, self.namespace, f"{REPLICA_LABEL}={self.replica}", deliver, self._stop, self._listed)
-
-    def _listed(self) -> None:
-        self.ready = True
-
-    def _deliver(self, obj: dict[str, Any]) -> None:
+    def _seen(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":  # gone while someone waits for it: to the waiter it ended
+            obj = {**obj, "status": {**(obj.get("status") or {}), "phase": "Cancelled"}}
         waiter = self._waiters.get(obj["metadata"]["name"])
         if waiter is not None:
             waiter.put_nowait(_state(obj))
+
+    def _in_step(self, listed: bool) -> None:
+        self.ready = listed
 
     # -- the seam -------------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettings) -> None:
-    kube = Kube(load_client(args.kubeconfig), args.namespace)
+    kube = Kube(await load_client(args.kubeconfig), args.namespace)
     queue = KubeJobQueue(kube, args.replica, args.lease_seconds)
     await queue.start()
     bridge = Bridge(queue, keys, settings)
@@ -88,4 +88,4 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     await runner.cleanup()
     await executor.stop()
     await queue.stop()
-    kube.close()
+    await kube.close()

@@ -1,27 +1,25 @@
 """Every call gpulane makes to the Kubernetes API goes through ``Kube``.
 
-One place means one counter of writes per kind (reported as a metric and by the benchmarks), one
-thread pool for the official client's blocking calls, and one translation of API errors into the
-three outcomes the operator acts on: done, gone (404) and conflict (409, or a failed JSON-patch test).
+One place means one counter of writes per kind (reported as a metric and by the benchmarks), one request
+timeout, and one translation of API errors into the three outcomes the operator acts on: done, gone
+(404) and conflict (409, or a failed JSON-patch test). Calls are made with the official client's
+asyncio flavour (``kubernetes.aio``) on the caller's event loop: no threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import datetime
 import socket
 import uuid
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes.aio import client, config
+from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import EXECUTOR_LABEL, Body
 from gpulane.api.resources import GROUP, VERSION
-from gpulane.api.times import format_time
+from gpulane.api.times import format_micro_time, format_time
 
 Patch = Body | list[Body]
 
@@ -36,42 +34,49 @@ class Conflict(Exception):
     """The object changed under us: a resourceVersion conflict or a failed JSON-patch ``test``."""
 
 
-def load_client(kubeconfig: str | None = None) -> client.ApiClient:
+# A call that takes longer is abandoned (TimeoutError): the caller's retry sees fresh state.
+REQUEST_TIMEOUT = 10.0
+
+
+async def configuration(kubeconfig: str | None = None) -> client.Configuration:
     """In-cluster configuration when running in a pod, else the kubeconfig (``$KUBECONFIG`` or the default)."""
-    configuration = client.Configuration()
+    conf = client.Configuration()
     try:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-    configuration.connection_pool_maxsize = 32
-    return client.ApiClient(configuration)
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+    conf.connection_pool_maxsize = 32
+    return conf
+
+
+async def load_client(kubeconfig: str | None = None) -> client.ApiClient:
+    return client.ApiClient(await configuration(kubeconfig))
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient, namespace: str, workers: int = 8) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = REQUEST_TIMEOUT) -> None:
         self.api = api
         self.namespace = namespace  # where backend pods (and lane events) live
+        self.timeout = timeout
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.coordination = client.CoordinationV1Api(api)
         self.writes: collections.Counter[str] = collections.Counter()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         self._instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.on_write: Callable[[str], None] = lambda kind: None
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self.api.close()  # type: ignore[no-untyped-call]
+    async def close(self) -> None:
+        await self.api.close()  # type: ignore[no-untyped-call]
 
     def _plain(self, obj: Any) -> Body:
-        """The official client's model objects as the plain dicts the rest of the operator reads."""
+        """The official client's model objects as the plain dicts the rest of gpulane reads."""
         body: Body = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return body
 
-    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
+    async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", self.timeout)
         try:
-            return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+            return await fn(*args, **kwargs)
         except ApiException as err:
             if err.status == 404:
                 raise Gone(str(err.reason)) from None
@@ -79,7 +84,11 @@ class Kube:
                 raise Conflict(str(err.body or err.reason)) from None
             raise
 
-    async def _write(self, kind: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def read(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        """A read through one of the typed APIs (``self.custom``, ``self.core``) that ``Kube`` has no method for."""
+        return await self._call(fn, *args, **kwargs)
+
+    async def _write(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
         tested = False
         if args and isinstance(args[-1], list):  # a JSON patch; the client would send a merge patch
             kwargs["_content_type"] = "application/json-patch+json"
@@ -192,19 +201,13 @@ class Kube:
 
     async def apply_lease(self, name: str, holder: str, duration: int, now: float) -> None:
         """Create or renew the Lease ``name`` in our namespace, held by ``holder``."""
-        stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC)
-        spec = client.V1LeaseSpec(holder_identity=holder, lease_duration_seconds=duration, renew_time=stamp)
+        stamp = format_micro_time(now)
+        spec = {"holderIdentity": holder, "leaseDurationSeconds": duration, "renewTime": stamp}
         try:
-            await self._write("lease", self.coordination.patch_namespaced_lease, name, self.namespace,
-                              {"spec": self._plain(spec)})  # fmt: skip
+            await self._write("lease", self.coordination.patch_namespaced_lease, name, self.namespace, {"spec": spec})
         except Gone:
-            meta = client.V1ObjectMeta(name=name, labels={EXECUTOR_LABEL: "true"})
-            body = client.V1Lease(
-                metadata=meta,
-                spec=client.V1LeaseSpec(
-                    holder_identity=holder, lease_duration_seconds=duration, renew_time=stamp, acquire_time=stamp
-                ),
-            )
+            meta = {"name": name, "labels": {EXECUTOR_LABEL: "true"}}
+            body = {"metadata": meta, "spec": {**spec, "acquireTime": stamp}}
             await self._write("lease", self.coordination.create_namespaced_lease, self.namespace, body)
 
     async def delete_lease(self, name: str) -> None:
@@ -219,7 +222,7 @@ class Kube:
         return created
 
     async def delete_pod(self, name: str, uid: str) -> None:
-        options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
+        options = {"preconditions": {"uid": uid}}
         await self._write("pod-delete", self.core.delete_namespaced_pod, name, self.namespace, body=options)
 
     async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None:

@@ -1,57 +1,98 @@
-"""The one watch helper: list, then watch, GpuJobs, and list again when the watch breaks."""
+"""The one watch helper: list GpuJobs, then watch them from that list's version, and list again when
+the watch breaks. Failed lists back off exponentially with jitter (tenacity), so a down apiserver is
+not hammered; ``on_state`` tells the caller whether it is in step (readiness follows the watch)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
-import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-from kubernetes import watch
+from kubernetes.aio import watch
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from gpulane.api.contract import Body
 from gpulane.api.resources import GROUP, VERSION
 from gpulane.kube.client import Kube
 
 log = logging.getLogger(__name__)
 
+# The apiserver ends each watch after this long; the client gives up on a silent one a little later.
+WATCH_SECONDS = 60
+Deliver = Callable[[str, Body], None]
 
-def watch_jobs(
+
+def _failed(state: RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome else None
+    log.warning("listing GpuJobs failed (%s); retrying in %.1fs", err, state.upcoming_sleep)
+
+
+async def watch_jobs(
     kube: Kube,
     namespace: str | None,
     selector: str | None,
-    deliver: Callable[[str, dict[str, Any]], None],
-    stop: threading.Event,
-    listed: Callable[[], None] = lambda: None,
+    deliver: Deliver,
+    on_state: Callable[[bool], None] = lambda listed: None,
+    *,
+    max_backoff: float = 30.0,
 ) -> None:
-    """List, then watch GpuJobs (all namespaces when ``namespace`` is None) until ``stop``; call
-    ``deliver(event type, object)`` for each, listing again after an expired version or a dropped
-    connection. Runs in a thread: the official client's watch blocks."""
-    custom = kube.custom
-    if namespace is None:
-        lister: Callable[..., Any] = custom.list_cluster_custom_object
-        where: tuple[str, ...] = (GROUP, VERSION, "gpujobs")
-    else:
-        lister, where = custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "gpujobs")
-    options = {"label_selector": selector} if selector else {}
-    version: str | None = None
-    while not stop.is_set():
+    """Call ``deliver(event type, object)`` for every GpuJob (all namespaces when ``namespace`` is None)
+    and every change to one, until cancelled. Each list is delivered as ADDED events."""
+    retrying = AsyncRetrying(
+        wait=wait_exponential_jitter(initial=0.5, max=max_backoff),
+        retry=retry_if_exception_type(Exception),
+        before_sleep=_failed,
+    )
+    while True:  # a fresh streak of retries after each list that worked
+        async for attempt in retrying.copy():
+            with attempt:
+                version = await _list(kube, namespace, selector, deliver)
+        on_state(True)
         try:
-            if version is None:
-                items = cast(dict[str, Any], lister(*where, **options))
-                version = items["metadata"]["resourceVersion"]
-                for obj in items["items"]:
-                    deliver("ADDED", obj)
-                listed()
-            stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
-                lister, *where, resource_version=version, timeout_seconds=60, **options
+            await _watch(kube, namespace, selector, deliver, version)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # expired version, dropped connection, apiserver restart: list again
+            log.debug("the GpuJob watch ended (%s); listing again", err)
+        on_state(False)
+
+
+def _lister(kube: Kube, namespace: str | None) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    if namespace is None:
+        return kube.custom.list_cluster_custom_object, (GROUP, VERSION, "gpujobs")
+    return kube.custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "gpujobs")
+
+
+async def _list(kube: Kube, namespace: str | None, selector: str | None, deliver: Deliver) -> str:
+    lister, where = _lister(kube, namespace)
+    options = {"label_selector": selector} if selector else {}
+    items = await kube.read(lister, *where, **options)
+    for obj in items["items"]:
+        deliver("ADDED", obj)
+    version: str = items["metadata"]["resourceVersion"]
+    return version
+
+
+async def _watch(kube: Kube, namespace: str | None, selector: str | None, deliver: Deliver, version: str) -> None:
+    """Watch from ``version`` while the apiserver keeps the watch open, resuming from the last event."""
+    lister, where = _lister(kube, namespace)
+    options = {"label_selector": selector} if selector else {}
+    while True:
+        async with watch.Watch() as stream:  # type: ignore[no-untyped-call]
+            events = stream.stream(
+                lister,
+                *where,
+                resource_version=version,
+                timeout_seconds=WATCH_SECONDS,
+                allow_watch_bookmarks=True,
+                _request_timeout=WATCH_SECONDS + 10,
+                **options,
             )
-            for event in stream:
-                version = event["object"]["metadata"]["resourceVersion"]
-                deliver(event["type"], event["object"])
-                if stop.is_set():
-                    return
-        except Exception as err:
-            log.debug("job watch restarts: %s", err)
-            version = None
-            time.sleep(0.5)
+            async for event in events:
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    deliver(event["type"], obj)

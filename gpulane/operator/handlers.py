@@ -10,10 +10,12 @@ import logging
 from typing import Any, cast
 
 import kopf
+from kubernetes.aio.client import ApiClient
 
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.resources import GROUP, VERSION
-from gpulane.kube.client import Kube, load_client
+from gpulane.kube.client import Kube
+from gpulane.kube.login import credentials
 from gpulane.operator import health
 from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild
@@ -28,7 +30,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.label_selectors["", "pods"] = BACKEND_SELECTOR
     settings.watching.label_selectors["coordination.k8s.io", "leases"] = EXECUTOR_SELECTOR
     settings.watching.server_timeout = 300
-    kube = Kube(load_client(memo.get("kubeconfig")), memo.namespace)
+    kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
     ctl = Controller(kube, Settings(**memo.settings))
     memo.controller = ctl
     memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
@@ -41,7 +43,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     ctl: Controller | None = memo.get("controller")
     if ctl is not None:
         await ctl.stop()
-        ctl.kube.close()
+        await ctl.kube.close()
     if memo.get("health") is not None:
         await memo.health.cleanup()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
 
 
 async def serve(host: str, port: int, registry: CollectorRegistry, ready: Callable[[], bool]) -> web.AppRunner:
@@ -18,13 +19,10 @@ async def serve(host: str, port: int, registry: CollectorRegistry, ready: Callab
             return web.Response(text="ok\n")
         return web.Response(status=503, text="rebuilding state from the API\n")
 
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", make_aiohttp_handler(registry))
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

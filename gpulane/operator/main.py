@@ -51,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per handled event otherwise
-    if args.kubeconfig:
-        os.environ["KUBECONFIG"] = args.kubeconfig  # kopf's own login reads it too
     importlib.import_module("gpulane.operator.handlers")  # registers the handlers
 
     webhook = serving_options(args, prefix="webhook_") if args.webhook else None

@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from kubernetes.aio import client
+from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.kube.client import Conflict, Gone, Kube
 
@@ -19,7 +19,7 @@ TESTED = [
 
 
 def refuse(status: int, body: str) -> Any:
-    def fn(*args: Any, **kwargs: Any) -> None:
+    async def fn(*args: Any, **kwargs: Any) -> None:
         err = ApiException(status=status, reason="Refused")
         err.body = body
         raise err
@@ -29,11 +29,11 @@ def refuse(status: int, body: str) -> Any:
 
 def write(fn: Any, patch: Any) -> None:
     async def go() -> None:
-        kube = Kube(client.ApiClient(), "ns", workers=1)
+        kube = Kube(client.ApiClient(), "ns")
         try:
             await kube._write("job-status", fn, "ns", "job", patch)
         finally:
-            kube.close()
+            await kube.close()
 
     asyncio.run(go())
 
@@ -54,3 +54,21 @@ def test_conflicts_and_missing_objects():
         write(refuse(409, "conflict"), {"status": {}})
     with pytest.raises(Gone):
         write(refuse(404, "not found"), TESTED)
+
+
+def test_every_call_has_a_request_timeout():
+    seen: dict[str, Any] = {}
+
+    async def fn(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.update(kwargs)
+        return {"items": []}
+
+    async def go() -> None:
+        kube = Kube(client.ApiClient(), "ns", timeout=3.5)
+        try:
+            await kube.read(fn, "x")
+        finally:
+            await kube.close()
+
+    asyncio.run(go())
+    assert seen["_request_timeout"] == 3.5
