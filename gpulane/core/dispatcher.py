@@ -235,10 +235,10 @@ class Dispatcher:
     def _settle(self, run: Running) -> None:
         """Correct the member's charge to the time the job really held its lane, load included."""
         if run.charge is not None:
-            at = run.charge.decision.at
-            correction = max(0.0, self.clock() - at) - run.charge.seconds
-            if correction:
-                self.ranking.note_usage(run.job.member, run.job.priority, correction, at)
+            start, charged = run.charge.decision.at, run.charge.seconds
+            used = max(0.0, self.clock() - start)
+            if used != charged:
+                self.ranking.correct_usage(run.job.member, run.job.priority, start, charged, used)
 
     def _adopt(self, job: Job, lane_id: str, started_at: float) -> None:
         self.ranking.remove(job.id)

@@ -34,7 +34,7 @@ class Ranking(Protocol):
     def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None: ...
     def note_served(self, member: str, priority: int, at: float) -> None: ...
     def served(self) -> dict[MemberLevel, float]: ...
-    def note_usage(self, member: str, priority: int, seconds: float, at: float) -> None: ...
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None: ...
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None: ...
     def usage(self, now: float) -> dict[MemberLevel, float]: ...
     def best(self, resident: str | None) -> Best | None: ...
@@ -76,7 +76,8 @@ class FairShareRanking:
         self._divisor = policy.aging_divisor_seconds
         self._by_usage = policy.fair_share == "usage"
         self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
-        # Usage mode: per band, the heads keyed by usage clock, and each head's own (turns) key.
+        # Turns: every head by its score. Usage: per band, the heads by usage clock, and each head's score.
+        self._heads: RankedIndex[Job] = RankedIndex()
         self._bands: dict[int, RankedIndex[Job]] = {}
         self._own_key: dict[QueueKey, float] = {}
         self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
@@ -89,7 +90,6 @@ class FairShareRanking:
         self._live_in_level: dict[MemberLevel, int] = {}
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
-        self._heads: RankedIndex[Job] = RankedIndex()
         self._heads_no_aging: RankedIndex[Job] = RankedIndex()
         self._no_fair_share: RankedIndex[Job] = RankedIndex()
 
@@ -140,7 +140,7 @@ class FairShareRanking:
         level = self._forget(job.id)[1]
         before = self._last_dispatch.get(level)
         if charge:
-            self._ledger.charge(level, charge, now)
+            self._ledger.charge_run(level, charge, now)
         self._served(level, now)
         return before
 
@@ -153,7 +153,7 @@ class FairShareRanking:
             else:
                 self._last_dispatch[level] = served_before
         if charge:
-            self._ledger.charge(level, -charge, at)
+            self._ledger.correct_run(level, charge, 0.0, at)
         self.add(job, seq)
         self._refresh_level(level)
 
@@ -165,13 +165,17 @@ class FairShareRanking:
         """When each (member, band) queue was last served, for the levels whose aging it still affects."""
         return dict(self._last_dispatch)
 
-    def note_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
-        """Charge (or, negative, refund) GPU-seconds a (member, band) used at ``at``."""
-        self._usage_changed((member, self.policy.band(priority)), seconds, at, add=True)
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+        """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
+        level = (member, self.policy.band(priority))
+        self._ledger.correct_run(level, charged, used, start)
+        self._usage_changed(level)
 
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
         """Set a (member, band)'s decayed usage as of ``at``: restores fair share after a restart."""
-        self._usage_changed((member, self.policy.band(priority)), seconds, at, add=False)
+        level = (member, self.policy.band(priority))
+        self._ledger.restore(level, seconds, at)
+        self._usage_changed(level)
 
     def usage(self, now: float) -> dict[MemberLevel, float]:
         """Each (member, band)'s decayed GPU-seconds at ``now``, to persist (both modes keep it)."""
@@ -195,14 +199,10 @@ class FairShareRanking:
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
         """The winner without each term; a term appears only where it changed the winner."""
         bonus = self.policy.affinity_bonus
-        fair = self._no_fair_share.best(resident, bonus * self._divisor)
-        if self._by_usage:  # usage decided if taking turns would have picked another job
-            turns = self._heads.best(resident, bonus * self._divisor)
-            fair = turns if turns and turns[2].id != winner.id else fair
         candidates = {
             "aging": self._heads_no_aging.best(resident, bonus),
             "affinity": self.best(None),
-            "fairShare": fair,
+            "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),  # usage or turns
         }
         return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
 
@@ -232,11 +232,7 @@ class FairShareRanking:
         self._live_in_level[level] -= 1
         return job, level
 
-    def _usage_changed(self, level: MemberLevel, seconds: float, at: float, *, add: bool) -> None:
-        if add:
-            self._ledger.charge(level, seconds, at)
-        else:
-            self._ledger.restore(level, seconds, at)
+    def _usage_changed(self, level: MemberLevel) -> None:
         if self._by_usage and level in self._oldest:
             self._refresh_level(level)
 
@@ -304,22 +300,25 @@ class FairShareRanking:
             models.discard(qkey[2])
             if not models:
                 del self._models[level]
-            self._heads.discard(qkey)
             self._heads_no_aging.discard(qkey)
-            if self._by_usage:
-                del self._own_key[qkey]
-                index = self._bands[qkey[1]]
-                index.discard(qkey)
-                if not len(index):
-                    del self._bands[qkey[1]]
+            if not self._by_usage:
+                self._heads.discard(qkey)
+                return
+            del self._own_key[qkey]
+            self._bands[qkey[1]].discard(qkey)
+            if not len(self._bands[qkey[1]]):
+                del self._bands[qkey[1]]
             return
         job, seq, level, base = self._jobs[queue[0][2]]
         own = base * self._divisor - self._aging_start(job, level)
-        self._heads.put(qkey, job.model, own, seq, job)
         if self._by_usage:
             self._own_key[qkey] = own
-            index = self._bands.get(level[1]) or self._bands.setdefault(level[1], RankedIndex())
-            index.put(qkey, job.model, base * self._divisor - self._usage_start(job, level), seq, job)
+            band = self._bands.get(level[1])
+            if band is None:
+                band = self._bands[level[1]] = RankedIndex()
+            band.put(qkey, job.model, base * self._divisor - self._usage_start(job, level), seq, job)
+        else:
+            self._heads.put(qkey, job.model, own, seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
 
@@ -373,7 +372,7 @@ class OrderedRanking:
     def served(self) -> dict[MemberLevel, float]:
         return {}
 
-    def note_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
         """Baselines keep no usage."""
 
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:

@@ -41,6 +41,16 @@ class UsageLedger(Generic[K]):
         """Add ``seconds`` of GPU time used at ``at`` (negative to correct an earlier charge)."""
         self.restore(key, self.seconds(key, at) + seconds, at)
 
+    def charge_run(self, key: K, seconds: float, start: float) -> None:
+        """A run of ``seconds`` from ``start``, dated at its middle: by its end that is what using the
+        GPU all along adds (to first order), so a long job's usage does not decay before it is used."""
+        self.charge(key, seconds, start + seconds / 2)
+
+    def correct_run(self, key: K, charged: float, used: float, start: float) -> None:
+        """The run charged ``charged`` from ``start`` used ``used`` seconds instead."""
+        self.charge(key, -charged, start + charged / 2)
+        self.charge(key, used, start + used / 2)
+
     def restore(self, key: K, seconds: float, at: float) -> None:
         """Set the usage to ``seconds`` as of ``at`` (after a restart, or a policy change)."""
         if seconds < NEGLIGIBLE:
