@@ -57,7 +57,8 @@ class Policy(CamelModel):
     # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
     queue_timeout_seconds: SkipJsonSchema[dict[int, float]] = Field(default_factory=dict)
     # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
-    load_yield: SkipJsonSchema[bool] = True
+    # Off until the operator handles the Requeued notice (a yield would leave it out of step).
+    load_yield: SkipJsonSchema[bool] = False
 
     @field_validator("fair_share", mode="before")
     @classmethod

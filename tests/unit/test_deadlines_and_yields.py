@@ -18,6 +18,7 @@ from gpulane.core.policy import Policy
 from .helpers import dispatcher, names, submit
 
 MODELS = [ModelSpec("film", load_seconds=90, run_seconds=960), ModelSpec("sdxl", load_seconds=30, run_seconds=40)]
+YIELD = Policy(loadYield=True)
 
 
 def busy(d, clock, model="film"):
@@ -119,7 +120,7 @@ def test_bad_band_timeouts_are_refused(raw, message):
 @given(seed=st.integers(0, 10**9))
 def test_no_job_is_dispatched_or_started_after_its_deadline(seed):
     rng = random.Random(seed)
-    policy = Policy(queueTimeoutSeconds={100: 120})
+    policy = Policy(queueTimeoutSeconds={100: 120}, loadYield=True)
     d, clock = dispatcher(lanes={"gpu-0": None, "gpu-1": "a"}, models=[ModelSpec(m, load_seconds=25) for m in "ab"])
     d.replace_policy(policy)
     deadlines: dict[str, float] = {}
@@ -158,7 +159,7 @@ def test_no_job_is_dispatched_or_started_after_its_deadline(seed):
 
 
 def test_a_load_nobody_started_yields_to_a_higher_band_then_the_job_runs_next():
-    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS)
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=YIELD)
     [load] = submit(d, clock, "shot", model="film", priority=-100, member="alice")
     assert load.load
     clock.now = 45  # half way through the film model's 90 s load
@@ -172,7 +173,7 @@ def test_a_load_nobody_started_yields_to_a_higher_band_then_the_job_runs_next():
 
 
 def test_a_job_yields_once_then_its_load_sticks():
-    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS)
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=YIELD)
     submit(d, clock, "shot", model="film", priority=-100, member="alice")
     clock.now = 10
     submit(d, clock, "image-1", model="sdxl", priority=100, member="bob")
@@ -185,7 +186,7 @@ def test_a_job_yields_once_then_its_load_sticks():
 
 
 def test_a_newcomer_for_the_model_being_loaded_takes_the_slot_and_the_load_goes_on():
-    d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS)
+    d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS, policy=YIELD)
     submit(d, clock, "shot", model="film", priority=-100, member="alice")
     clock.now = 30
     [decision] = submit(d, clock, "preview", model="film", priority=100, member="bob")
@@ -214,7 +215,7 @@ def test_no_yield_within_the_offsets_once_started_or_when_off(priority, started,
 
 
 def test_a_yielded_job_keeps_its_place_and_its_member_is_not_charged():
-    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=Policy(fairShare="turns"))
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=Policy(fairShare="turns", loadYield=True))
     submit(d, clock, "shot-1", model="film", priority=-100, member="alice")
     submit(d, clock, "shot-2", model="film", priority=-100, member="alice")
     clock.now = 20
