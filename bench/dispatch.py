@@ -61,7 +61,8 @@ def measure(pending: int, members: int, decisions: int, seed: int) -> list[float
         [decision] = d.handle(JobFinished(running))
         samples.append((time.perf_counter_ns() - t0) / 1000)
         running = decision.job.id
-        d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members)))
+        for decision in d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members))):
+            running = decision.job.id  # the newcomer took the lane from a load that yielded
     gc.unfreeze()
     return samples
 

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any, get_args
 
-from gpulane.core.policy import PolicyError
+from gpulane.core.policy import FAIR_SHARE_MODES, PolicyError
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.llamaswap import Clients
@@ -61,8 +61,15 @@ def _simulate(args: argparse.Namespace) -> int:
             )
         llama_swap = scenario.llama_swap.model_copy(update={"clients": args.llama_swap_clients})
         scenario = scenario.model_copy(update={"llama_swap": llama_swap})
+    settings: dict[str, object] = {}
+    if args.fair_share is not None:
+        settings["fair_share"] = args.fair_share
+    if args.load_yield is not None:
+        settings["load_yield"] = args.load_yield
+    if settings:
+        scenario = scenario.model_copy(update={"policy": scenario.policy.model_copy(update=settings)})
     try:
-        results = {name: simulate(scenario, name) for name in policies}
+        results = {name: simulate(scenario, name, deadlines=not args.no_queue_timeouts) for name in policies}
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -110,6 +117,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         choices=get_args(Clients),
         help="what clients do with llama-swap's 429: retry when the model has room, or give the job up "
         "(default: the scenario's llamaSwap.clients, else retry)",
+    )
+    sim.add_argument(
+        "--fair-share",
+        choices=FAIR_SHARE_MODES,
+        help="how members of a band share the GPU: by decayed GPU time (usage) or turns (default: the scenario's "
+        "policy.fairShare, else usage); the gpulane-turns policy always takes turns",
+    )
+    sim.add_argument(
+        "--load-yield",
+        action=argparse.BooleanOptionalAction,
+        help="whether a load no job started on yields to a much better newcomer (default: policy.loadYield, else no)",
+    )
+    sim.add_argument(
+        "--no-queue-timeouts",
+        action="store_true",
+        help="callers still give up after queueTimeoutSeconds, but gpulane is not told: their jobs run anyway",
     )
     sim.add_argument("--json", action="store_true", help="print jobs and summary as one JSON object")
     sim.add_argument("--plot", metavar="FILE.png", help="write waits per stream and a GPU timeline per policy")

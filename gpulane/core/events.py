@@ -49,6 +49,20 @@ class QueueServed:
 
 
 @dataclass(frozen=True, slots=True)
+class UsageRestored:
+    """A member's queue at ``priority``'s band had used ``gpu_seconds`` (decayed) as of ``at``.
+
+    After a restart the shell reports each (member, band)'s persisted usage (``Ranking.usage``),
+    so that fair share by GPU time does not start over. It sets the usage; replaying it is harmless.
+    """
+
+    member: str
+    priority: int
+    gpu_seconds: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class LaneUpdated:
     """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it."""
 
@@ -71,7 +85,17 @@ class ModelUpdated:
     spec: ModelSpec
 
 
-Event = JobSubmitted | JobCancelled | JobFinished | JobAdopted | QueueServed | LaneUpdated | ModelLoaded | ModelUpdated
+Event = (
+    JobSubmitted
+    | JobCancelled
+    | JobFinished
+    | JobAdopted
+    | QueueServed
+    | UsageRestored
+    | LaneUpdated
+    | ModelLoaded
+    | ModelUpdated
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +111,31 @@ class Dispatch:
     score: ScoreBreakdown
     # Terms that changed the winner, each mapped to the job that would have won without it.
     changed_by: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """``job`` waited past its queue deadline and left the queue (Failed, reason QueueTimeout).
+
+    ``lane`` is set when the job had been dispatched to a lane that was still loading its model:
+    it never started, and its place on the lane is free again.
+    """
+
+    job: Job
+    at: float
+    deadline: float
+    lane: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """``job`` was dispatched to ``lane`` but its load yielded to ``to``; it waits again (Pending)."""
+
+    job: Job
+    lane: str
+    at: float
+    to: str
+
+
+# What the dispatcher did on its own, besides dispatching: ``Dispatcher.take_notices``.
+Notice = Expired | Requeued

@@ -37,7 +37,7 @@ REASONS = {
     "tier": "a better tier",
     "affinity": "swap affinity (its model was loaded)",
     "aging": "aging (it had waited longer)",
-    "fairShare": "fair share (the waiting job's member had been served more recently)",
+    "fairShare": "fair share (the waiting job's member had used more GPU time lately, or been served more recently)",
     "arrival": "arrival order (equal scores)",
 }
 

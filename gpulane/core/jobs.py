@@ -17,6 +17,8 @@ class Job:
     submitted_at: float = 0.0
     # Overrides the model's learned run time in forecasts when the submitter knows better.
     expected_run_seconds: float | None = None
+    # How long its caller waits for it to start; the policy's band default may be smaller.
+    queue_timeout_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

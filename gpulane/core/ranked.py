@@ -36,6 +36,9 @@ class RankedIndex(Generic[T]):
         if len(self._all) > 64 and len(self._all) > 4 * len(self._live):
             self._compact()
 
+    def __len__(self) -> int:
+        return len(self._live)
+
     def current(self, item: Hashable) -> T | None:
         entry = self._live.get(item)
         return None if entry is None else entry[5]

@@ -16,6 +16,7 @@ from gpulane.core.jobs import Job
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex
 from gpulane.core.score import ScoreBreakdown
+from gpulane.core.usage import UsageLedger
 
 Best = tuple[float, int, Job]
 MemberLevel = tuple[str, int]  # (member, band index)
@@ -29,9 +30,13 @@ class Ranking(Protocol):
     def pending(self) -> Iterator[Job]: ...
     def add(self, job: Job, seq: int) -> None: ...
     def remove(self, job_id: str) -> Job | None: ...
-    def take(self, job: Job, now: float) -> None: ...
+    def take(self, job: Job, now: float, charge: float = 0.0) -> float | None: ...
+    def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None: ...
     def note_served(self, member: str, priority: int, at: float) -> None: ...
     def served(self) -> dict[MemberLevel, float]: ...
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None: ...
+    def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None: ...
+    def usage(self, now: float) -> dict[MemberLevel, float]: ...
     def best(self, resident: str | None) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
     def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]: ...
@@ -57,13 +62,24 @@ class FairShareRanking:
     later by the submission gap), so inside a member the order stays first-come first-served,
     and affinity can only pull forward a job submitted within ``affinity_bonus`` aging-points of
     the oldest. A member's own traffic can therefore never starve the member's other work.
+
+    With ``fair_share: usage`` the members of one band are ranked by their decayed GPU usage
+    instead of their turns: inside a band the queue clock starts at the member's usage clock
+    (``core/usage.py``), so the member who used the least goes first whatever its jobs' lengths.
+    Each band then competes with the job it picked, at that job's own score: the band, tier,
+    affinity and aging terms across bands are unchanged.
     """
 
-    name = "gpulane"
-
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, name: str = "gpulane") -> None:
+        self.name = name
         self.policy = policy
         self._divisor = policy.aging_divisor_seconds
+        self._by_usage = policy.fair_share == "usage"
+        self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
+        # Turns: every head by its score. Usage: per band, the heads by usage clock, and each head's score.
+        self._heads: RankedIndex[Job] = RankedIndex()
+        self._bands: dict[int, RankedIndex[Job]] = {}
+        self._own_key: dict[QueueKey, float] = {}
         self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
         # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
         # never reused, so a job re-submitted under a cancelled job's id never revives old entries.
@@ -74,7 +90,6 @@ class FairShareRanking:
         self._live_in_level: dict[MemberLevel, int] = {}
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
-        self._heads: RankedIndex[Job] = RankedIndex()
         self._heads_no_aging: RankedIndex[Job] = RankedIndex()
         self._no_fair_share: RankedIndex[Job] = RankedIndex()
 
@@ -120,9 +135,27 @@ class FairShareRanking:
             self._compact(self._oldest, level, self._live_in_level[level])
         return job
 
-    def take(self, job: Job, now: float) -> None:
+    def take(self, job: Job, now: float, charge: float = 0.0) -> float | None:
+        """Dispatch ``job`` and charge ``charge`` GPU-seconds; returns the level's previous served time."""
         level = self._forget(job.id)[1]
+        before = self._last_dispatch.get(level)
+        if charge:
+            self._ledger.charge_run(level, charge, now)
         self._served(level, now)
+        return before
+
+    def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None:
+        """Undo ``take(job, at, charge)``: the job waits again in its place, its member as if never served."""
+        level = (job.member, self.policy.band(job.priority))
+        if self._last_dispatch.get(level, at) == at:  # nobody in the level was served since
+            if served_before is None:
+                self._last_dispatch.pop(level, None)
+            else:
+                self._last_dispatch[level] = served_before
+        if charge:
+            self._ledger.correct_run(level, charge, 0.0, at)
+        self.add(job, seq)
+        self._refresh_level(level)
 
     def note_served(self, member: str, priority: int, at: float) -> None:
         """A (member, band) queue was served at ``at``: restores fair-share clocks after a restart."""
@@ -132,8 +165,25 @@ class FairShareRanking:
         """When each (member, band) queue was last served, for the levels whose aging it still affects."""
         return dict(self._last_dispatch)
 
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+        """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
+        level = (member, self.policy.band(priority))
+        self._ledger.correct_run(level, charged, used, start)
+        self._usage_changed(level)
+
+    def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
+        """Set a (member, band)'s decayed usage as of ``at``: restores fair share after a restart."""
+        level = (member, self.policy.band(priority))
+        self._ledger.restore(level, seconds, at)
+        self._usage_changed(level)
+
+    def usage(self, now: float) -> dict[MemberLevel, float]:
+        """Each (member, band)'s decayed GPU-seconds at ``now``, to persist (both modes keep it)."""
+        return self._ledger.snapshot(now)
+
     def best(self, resident: str | None) -> Best | None:
-        return self._heads.best(resident, self.policy.affinity_bonus * self._divisor)
+        bonus = self.policy.affinity_bonus * self._divisor
+        return self._best_by_usage(resident, bonus) if self._by_usage else self._heads.best(resident, bonus)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
@@ -151,13 +201,16 @@ class FairShareRanking:
         bonus = self.policy.affinity_bonus
         candidates = {
             "aging": self._heads_no_aging.best(resident, bonus),
-            "affinity": self._heads.best(None, 0),
-            "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),
+            "affinity": self.best(None),
+            "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),  # usage or turns
         }
         return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
 
     def copy(self) -> FairShareRanking:
-        clone = FairShareRanking(self.policy)
+        clone = FairShareRanking(self.policy, self.name)
+        clone._ledger = self._ledger.copy()
+        clone._bands = {band: index.copy() for band, index in self._bands.items()}
+        clone._own_key = dict(self._own_key)
         clone._jobs = dict(self._jobs)
         clone._live_seqs = set(self._live_seqs)
         clone._queues = {k: list(q) for k, q in self._queues.items()}
@@ -179,6 +232,23 @@ class FairShareRanking:
         self._live_in_level[level] -= 1
         return job, level
 
+    def _usage_changed(self, level: MemberLevel) -> None:
+        if self._by_usage and level in self._oldest:
+            self._refresh_level(level)
+
+    def _best_by_usage(self, resident: str | None, bonus: float) -> Best | None:
+        """Each band's job by usage, then the best of those by their own scores."""
+        chosen: Best | None = None
+        for band, index in self._bands.items():
+            top = index.best(resident, bonus)
+            if top is None:
+                continue
+            job = top[2]
+            value = self._own_key[(job.member, band, job.model)] + (bonus if job.model == resident else 0.0)
+            if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
+                chosen = (value, top[1], job)
+        return chosen
+
     def _served(self, level: MemberLevel, at: float) -> None:
         self._last_dispatch[level] = max(at, self._last_dispatch.get(level, at))
         if level in self._oldest:
@@ -198,6 +268,13 @@ class FairShareRanking:
         if last is None:
             return job.submitted_at
         return max(job.submitted_at, last + job.submitted_at - self._oldest[level][0][0])
+
+    def _usage_start(self, job: Job, level: MemberLevel) -> float:
+        """The queue clock inside the band under usage: the member's usage clock, not its last turn."""
+        clock = self._ledger.clock(level)
+        if clock is None:
+            return job.submitted_at
+        return max(job.submitted_at, clock + job.submitted_at - self._oldest[level][0][0])
 
     def _refresh_level(self, level: MemberLevel) -> None:
         oldest, live = self._oldest[level], self._live_seqs
@@ -223,11 +300,25 @@ class FairShareRanking:
             models.discard(qkey[2])
             if not models:
                 del self._models[level]
-            self._heads.discard(qkey)
             self._heads_no_aging.discard(qkey)
+            if not self._by_usage:
+                self._heads.discard(qkey)
+                return
+            del self._own_key[qkey]
+            self._bands[qkey[1]].discard(qkey)
+            if not len(self._bands[qkey[1]]):
+                del self._bands[qkey[1]]
             return
         job, seq, level, base = self._jobs[queue[0][2]]
-        self._heads.put(qkey, job.model, base * self._divisor - self._aging_start(job, level), seq, job)
+        own = base * self._divisor - self._aging_start(job, level)
+        if self._by_usage:
+            self._own_key[qkey] = own
+            band = self._bands.get(level[1])
+            if band is None:
+                band = self._bands[level[1]] = RankedIndex()
+            band.put(qkey, job.model, base * self._divisor - self._usage_start(job, level), seq, job)
+        else:
+            self._heads.put(qkey, job.model, own, seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
 
@@ -268,13 +359,26 @@ class OrderedRanking:
         self._index.discard(job_id)
         return self._jobs.pop(job_id, None)
 
-    def take(self, job: Job, now: float) -> None:
+    def take(self, job: Job, now: float, charge: float = 0.0) -> float | None:
         self.remove(job.id)
+        return None
+
+    def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None:
+        self.add(job, seq)
 
     def note_served(self, member: str, priority: int, at: float) -> None:
-        """Baselines keep no per-member clocks."""
+        """Baselines keep no per-member clocks, nor usage."""
 
     def served(self) -> dict[MemberLevel, float]:
+        return {}
+
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+        """Baselines keep no usage."""
+
+    def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
+        """Baselines keep no usage."""
+
+    def usage(self, now: float) -> dict[MemberLevel, float]:
         return {}
 
     def best(self, resident: str | None) -> Best | None:
@@ -305,6 +409,8 @@ def make_ranking(name: str, policy: Policy) -> Ranking:
     """The named policy: ``gpulane``, a baseline it is compared against, or an ablation."""
     if name == "gpulane":
         return FairShareRanking(policy)
+    if name == "gpulane-turns":  # an ablation: members of a band take turns whatever their jobs' lengths
+        return FairShareRanking(policy.model_copy(update={"fair_share": "turns"}), name)
     if name == "fifo":  # arrival order: llama-swap as the design note describes it
         return OrderedRanking(name, policy, priority=False, aging=False)
     if name == "strict":  # priority + tier, then arrival: PriorityClass, Kueue StrictFIFO without preemption
@@ -317,5 +423,6 @@ def make_ranking(name: str, policy: Policy) -> Ranking:
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(RANKINGS)}")
 
 
-# The four compared in the brief, then gpulane's score without fair share (the burst pitfall).
-RANKINGS = ("fifo", "strict", "llama-swap", "gpulane", "per-job-aging")
+# The four compared in the brief, then gpulane's score without fair share (the burst pitfall), then
+# gpulane with today's turns inside a band instead of GPU usage.
+RANKINGS = ("fifo", "strict", "llama-swap", "gpulane", "per-job-aging", "gpulane-turns")

@@ -18,8 +18,9 @@ from .helpers import dispatcher, names, submit
 
 
 def busy(d, clock, model="warm"):
-    """Occupy the only lane with a long job so that the next ones queue."""
+    """Occupy the only lane with a long job, started (so that no load can yield), so that the next ones queue."""
     submit(d, clock, "blocker", model=model, member="blocker")
+    d.handle(ModelLoaded(d.history[-1].lane, model))
 
 
 def test_first_job_on_an_empty_gpu_loads_its_model():
@@ -337,13 +338,15 @@ def test_the_order_of_events_within_an_instant_does_not_change_the_winner():
 
 
 def test_events_handled_one_at_a_time_give_the_slot_to_whoever_waited_when_it_freed():
-    """The artefact handle_all removes: the finish alone dispatches before the arrival is seen."""
+    """The artefact handle_all removes: the finish alone dispatches before the arrival is seen.
+
+    The shot's model is loaded, so the shot starts at once (a load in progress would yield)."""
     d, clock = dispatcher()
     busy(d, clock)
-    submit(d, clock, "shot", priority=-100, member="alice")
+    submit(d, clock, "shot", model="warm", priority=-100, member="alice")
     clock.now = 240
     assert names(d.handle(JobFinished("blocker"))) == ["shot"]
-    assert submit(d, clock, "image", priority=100, member="bob") == []
+    assert submit(d, clock, "image", model="warm", priority=100, member="bob") == []
 
 
 def test_a_refused_event_in_an_instant_keeps_the_events_before_it_and_decides_nothing():

@@ -20,6 +20,9 @@ from gpulane.core.sim.scenario import Scenario
 
 from .helpers import dispatcher
 
+# The references below take turns inside a band and never see a model load end, so loads never yield.
+TURNS = Policy(fairShare="turns", loadYield=False)
+
 MODELS = ["a", "b", "c"]
 MEMBERS = ["ann", "ben", "cai"]
 TIERS = ["free", "pro", "max"]
@@ -72,7 +75,7 @@ def reference_winner(pending, last_dispatch, resident, now, policy) -> str:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(job_specs, min_size=1, max_size=40), st.data())
 def test_dispatcher_matches_the_brute_force_reference(specs, data):
-    d, clock = dispatcher()
+    d, clock = dispatcher(policy=TURNS)
     policy = d.policy
     pending: dict[str, tuple[Job, int]] = {}
     last_dispatch: dict = {}
@@ -241,7 +244,9 @@ def test_several_lanes_with_concurrency_match_the_reference(seed):
     concurrency = {m: rng.randint(1, 3) for m in MODELS}
     lanes = {f"gpu-{i}": {"resident": rng.choice([None, *MODELS]), "running": set(), "online": True} for i in range(3)}
     d, clock = dispatcher(
-        lanes={k: v["resident"] for k, v in lanes.items()}, models=[ModelSpec(m, concurrency[m]) for m in MODELS]
+        lanes={k: v["resident"] for k, v in lanes.items()},
+        models=[ModelSpec(m, concurrency[m]) for m in MODELS],
+        policy=TURNS,
     )
     pending: dict[str, tuple[Job, int]] = {}
     last_dispatch: dict = {}
@@ -325,7 +330,7 @@ def test_several_lanes_with_concurrency_match_the_reference(seed):
 def test_forecast_matches_what_happens_when_run_times_are_as_expected(jobs, lanes):
     """With no new arrivals and every job taking its expected time, the forecast is exact."""
     models = [ModelSpec(m, load_seconds=10 * (i + 1), run_seconds=60) for i, m in enumerate(MODELS)]
-    d, clock = dispatcher(lanes={f"gpu-{i}": None for i in range(lanes)}, models=models)
+    d, clock = dispatcher(lanes={f"gpu-{i}": None for i in range(lanes)}, models=models, policy=Policy(loadYield=False))
     loads = {m.name: m.load_seconds for m in models}
     ends: list[tuple[float, str]] = []
     ready_at: dict[str, float] = {}

@@ -126,7 +126,8 @@ def random_scenario(specs: list, priorities: list[int], loads: list[int], initia
         streams.append(stream)
     return {
         "name": "random",
-        "policy": {"agingDivisorSeconds": DIVISOR},
+        # A load yields to an arrival before its end, not at it: a boundary, not a tie, so it is off.
+        "policy": {"agingDivisorSeconds": DIVISOR, "loadYield": False},
         "initialModel": initial,
         "models": [{"name": m, "loadSeconds": load * GRID} for m, load in zip("abc", loads, strict=True)],
         "streams": streams,

@@ -48,6 +48,7 @@ def _wait_stats(records: Sequence[JobRecord]) -> dict[str, float | None]:
     that falls on a dropped job is unbounded, reported as None (null in JSON, "dropped" in tables).
     """
     waits = [r.wait for r in records if r.started_at is not None] + [math.inf for r in records if r.dropped]
+    # (An expired job is neither: its caller gave up at the deadline, and it never ran. Counted apart.)
     stats: dict[str, float | None] = {f"p{p}": _num(percentile(waits, p)) for p in PERCENTILES}
     stats["max"] = _num(max(waits)) if waits else None
     stats["mean"] = _num(sum(waits) / len(waits)) if waits else None
@@ -84,11 +85,14 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
     per_stream = {
         name: {
             "jobs": len(records),
-            "unfinished": sum(1 for r in records if r.finished_at is None and not r.dropped),
+            "unfinished": sum(1 for r in records if r.finished_at is None and not r.dropped and r.expired_at is None),
+            "expired": sum(1 for r in records if r.expired_at is not None),
+            "late": sum(1 for r in records if r.late),
+            "lateGpuSeconds": sum(r.run_seconds for r in records if r.late),
             "rejected": sum(1 for r in records if r.rejected),
             "dropped": sum(1 for r in records if r.dropped),
             "waitSeconds": _wait_stats(records),
-            "swaps": sum(1 for r in records if r.replaced is not None),
+            "swaps": sum(r.swaps for r in records),
             "coldStarts": sum(1 for r in records if r.cold_start),
             "gpuUtilisation": _busy_seconds(records) / capacity,
         }
@@ -98,6 +102,7 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
         band_label(band, band_spacing): {
             "fairness": jain(list(shares.values())),
             "contendedSeconds": shares,
+            "contendedShare": {m: v / (sum(shares.values()) or 1.0) for m, v in shares.items()},
         }
         for band, shares in sorted(result.contended.items(), reverse=True)
     }
@@ -112,7 +117,10 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
             "jobs": len(result.jobs),
             "rejected": sum(1 for j in result.jobs if j.rejected),
             "dropped": sum(1 for j in result.jobs if j.dropped),
-            "swaps": sum(1 for j in result.jobs if j.replaced is not None),
+            "swaps": sum(j.swaps for j in result.jobs),
+            "loadsYielded": result.yields,
+            "expired": sum(1 for j in result.jobs if j.expired_at is not None),
+            "lateGpuSeconds": sum(j.run_seconds for j in result.jobs if j.late),
             "coldStarts": sum(1 for j in result.jobs if j.cold_start),
             "gpuUtilisation": _busy_seconds(result.jobs) / capacity,
             "idleWhileWaitingSeconds": result.idle_while_waiting,
@@ -139,6 +147,9 @@ def jobs_json(result: SimResult) -> list[dict[str, Any]]:
             "finishedAt": j.finished_at,
             "coldStart": j.cold_start,
             "replaced": j.replaced,
+            "swaps": j.swaps,
+            "yielded": j.yielded,
+            "expiredAt": j.expired_at,
             "lane": j.lane,
             "changedBy": j.changed_by,
             "score": j.score,
@@ -185,13 +196,22 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
         for stat in ("p50", "p95", "max"):
             row(f"  wait {stat}", [wait(cell, stat) for cell in cells])
         row("  swaps", [str(cell["swaps"]) for cell in cells])
-        for count, label in (("rejected", "  rejected (429)"), ("dropped", "  dropped after a 429")):
+        for count, label in (
+            ("rejected", "  rejected (429)"),
+            ("dropped", "  dropped after a 429"),
+            ("expired", "  expired (queue timeout)"),
+            ("late", "  ran after its caller left"),
+        ):
             if any(cell[count] for cell in cells):
                 row(label, [str(cell[count]) for cell in cells])
     lines.append("overall")
     row("  rejected (429)", [str(summaries[p]["overall"]["rejected"]) for p in policies])
     row("  dropped after a 429", [str(summaries[p]["overall"]["dropped"]) for p in policies])
     row("  swaps", [str(summaries[p]["overall"]["swaps"]) for p in policies])
+    if any(summaries[p]["overall"]["loadsYielded"] for p in policies):
+        row("  loads yielded", [str(summaries[p]["overall"]["loadsYielded"]) for p in policies])
+    if any(summaries[p]["overall"]["lateGpuSeconds"] or summaries[p]["overall"]["expired"] for p in policies):
+        row("  GPU time for callers gone", [human(summaries[p]["overall"]["lateGpuSeconds"]) for p in policies])
     row("  GPU utilisation", [f"{summaries[p]['overall']['gpuUtilisation']:.1%}" for p in policies])
     row(
         "  idle while work waits",
@@ -207,4 +227,13 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
                 for p in policies
             ],
         )
+        members = sorted({m for s in summaries.values() for m in s["bands"].get(band, {}).get("contendedShare", {})})
+        for member in members if len(members) <= 4 else ():
+            row(
+                f"  GPU share, {band}: {member}"[:34],
+                [
+                    f"{s['bands'][band]['contendedShare'].get(member, 0):.0%}" if band in s["bands"] else "-"
+                    for s in (summaries[p] for p in policies)
+                ],
+            )
     return "\n".join(lines)

@@ -72,6 +72,7 @@ class Stream(CamelModel):
     arrival: Arrival | None = None
     from_: Seconds = Field(default=0.0, alias="from")
     until: Seconds | None = None
+    queue_timeout_seconds: Seconds | None = Field(default=None, gt=0)  # callers give up after this
 
     @model_validator(mode="after")
     def _shape(self) -> Stream:
@@ -102,6 +103,7 @@ class OneJob(CamelModel):
     priority: Priority = 0
     model: str = Field(min_length=1)
     run_seconds: Seconds
+    queue_timeout_seconds: Seconds | None = Field(default=None, gt=0)
 
 
 class Scenario(CamelModel):

@@ -1,0 +1,229 @@
+"""Queue deadlines (a job waiting past its deadline is never dispatched) and loads that yield."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from gpulane.core.dispatcher import DispatchError
+from gpulane.core.events import Expired, JobCancelled, JobFinished, JobSubmitted, ModelLoaded, Requeued
+from gpulane.core.jobs import Job, ModelSpec
+from gpulane.core.policy import Policy
+
+from .helpers import dispatcher, names, submit
+
+MODELS = [ModelSpec("film", load_seconds=90, run_seconds=960), ModelSpec("sdxl", load_seconds=30, run_seconds=40)]
+YIELD = Policy(loadYield=True)
+
+
+def busy(d, clock, model="film"):
+    """The lane runs a long job (started), so the next ones queue."""
+    submit(d, clock, "blocker", model=model, member="blocker")
+    d.handle(ModelLoaded("gpu-0", model))
+
+
+# -- deadlines ----------------------------------------------------------------------------------
+
+
+def test_a_job_waiting_past_its_deadline_expires_and_never_runs():
+    d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS)
+    busy(d, clock)
+    submit(d, clock, "image", model="sdxl", priority=100, member="bob", queue_timeout_seconds=600)
+    submit(d, clock, "shot", priority=-100, member="alice")
+    assert d.next_deadline() == 600
+    clock.now = 600
+    assert d.decide() == []  # the deadline passes while the film still runs
+    [notice] = d.take_notices()
+    assert notice == Expired(notice.job, 600, 600, None) and notice.job.id == "image"
+    assert d.take_notices() == [] and d.next_deadline() is None
+    clock.now = 960
+    assert names(d.handle(JobFinished("blocker"))) == ["shot"]
+
+
+def test_the_smallest_timeout_applies():
+    policy = Policy(queueTimeoutSeconds={100: 300, -100: 3600})
+    d, clock = dispatcher(models=MODELS, policy=policy)
+    busy(d, clock)
+    submit(d, clock, "patient", model="sdxl", priority=100, member="a", queue_timeout_seconds=900)  # 300 applies
+    submit(d, clock, "hasty", model="sdxl", priority=100, member="b", queue_timeout_seconds=60)  # 60 applies
+    submit(d, clock, "batch", priority=-100, member="c")  # the band's 3600
+    submit(d, clock, "normal", priority=0, member="e")  # no default for band 0: waits forever
+    deadlines = []
+    while (deadline := d.next_deadline()) is not None:
+        clock.now = deadline
+        d.decide()
+        deadlines += [(n.job.id, n.deadline) for n in d.take_notices()]
+    assert deadlines == [("hasty", 60), ("patient", 300), ("batch", 3600)]
+    assert [j.id for j in d.ranking.pending()] == ["normal"]
+
+
+def test_a_job_assigned_to_a_lane_still_loading_expires_and_frees_the_lane():
+    d, clock = dispatcher(lanes={"gpu-0": "film"}, models=MODELS, policy=Policy(loadYield=False))
+    [decision] = submit(d, clock, "image", model="sdxl", member="bob", queue_timeout_seconds=20)
+    assert decision.load  # sdxl takes 30 s to load: the caller gives up at 20
+    submit(d, clock, "next", model="sdxl", member="carol")
+    clock.now = 20
+    assert names(d.decide()) == ["next"]  # the lane (still loading sdxl) is free again
+    [notice] = d.take_notices()
+    assert (notice.job.id, notice.lane) == ("image", "gpu-0")
+    clock.now = 30
+    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    assert d.running["next"].started_at == 30 and "image" not in d.running
+
+
+def test_a_load_that_ends_at_the_deadline_does_not_start_the_job():
+    d, clock = dispatcher(lanes={"gpu-0": "film"}, models=MODELS, policy=Policy(loadYield=False))
+    submit(d, clock, "image", model="sdxl", member="bob", queue_timeout_seconds=30)
+    clock.now = 30
+    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    assert not d.running
+    assert [n.job.id for n in d.take_notices()] == ["image"]
+
+
+def test_started_cancelled_and_finished_jobs_have_no_deadline():
+    d, clock = dispatcher(models=MODELS)
+    submit(d, clock, "runs", model="sdxl", member="a", queue_timeout_seconds=100)
+    submit(d, clock, "cancelled", model="sdxl", member="b", queue_timeout_seconds=100)
+    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    d.handle(JobCancelled("cancelled"))
+    clock.now = 500
+    d.decide()
+    assert d.take_notices() == [] and "runs" in d.running
+
+
+@pytest.mark.parametrize("timeout", [0, -5, float("inf"), float("nan")])
+def test_bad_job_timeouts_are_refused(timeout):
+    d, clock = dispatcher()
+    with pytest.raises(DispatchError, match="queue timeout"):
+        submit(d, clock, "x", queue_timeout_seconds=timeout)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"queueTimeoutSeconds": {150: 60}}, "queueTimeoutSeconds key 150 is not a band"),
+        ({"queueTimeoutSeconds": {100: 0}}, "for band 100 must be more than 0 seconds"),
+        ({"queueTimeoutSeconds": {100: float("inf")}}, "for band 100 must be more than 0 seconds"),
+    ],
+)
+def test_bad_band_timeouts_are_refused(raw, message):
+    with pytest.raises(ValidationError, match=message):
+        Policy.model_validate(raw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**9))
+def test_no_job_is_dispatched_or_started_after_its_deadline(seed):
+    rng = random.Random(seed)
+    policy = Policy(queueTimeoutSeconds={100: 120}, loadYield=True)
+    d, clock = dispatcher(lanes={"gpu-0": None, "gpu-1": "a"}, models=[ModelSpec(m, load_seconds=25) for m in "ab"])
+    d.replace_policy(policy)
+    deadlines: dict[str, float] = {}
+    gone: set[str] = set()
+    for n in range(80):
+        clock.now += rng.choice([0, 5, 20, 60, 200])
+        events = []
+        roll = rng.random()
+        if roll < 0.5:
+            timeout = rng.choice([None, 30, 90, 400])
+            job = Job(f"j{n}", rng.choice("ab"), rng.choice([-100, 0, 100]), "free", rng.choice("xyz"), clock.now)
+            job = replace(job, queue_timeout_seconds=timeout)
+            own = policy.queue_timeout(job.priority, timeout)
+            if own is not None:
+                deadlines[job.id] = clock.now + own
+            events.append(JobSubmitted(job))
+        elif roll < 0.8 and d.running:
+            events.append(JobFinished(rng.choice(sorted(d.running))))
+        else:
+            lane = rng.choice(["gpu-0", "gpu-1"])
+            if d.lanes[lane].resident:
+                events.append(ModelLoaded(lane, d.lanes[lane].resident))
+        for decision in d.handle_all(events):
+            assert clock.now < deadlines.get(decision.job.id, float("inf")), f"{decision.job.id} dispatched late"
+        for notice in d.take_notices():
+            if isinstance(notice, Expired):
+                assert notice.at >= notice.deadline == deadlines[notice.job.id]
+                gone.add(notice.job.id)
+        for run in d.running.values():
+            if run.started_at is not None and run.job.id in deadlines:
+                assert run.started_at < deadlines[run.job.id], f"{run.job.id} started late"
+        assert not gone & set(d.running) and not any(j.id in gone for j in d.ranking.pending())
+
+
+# -- loads that yield ---------------------------------------------------------------------------
+
+
+def test_a_load_nobody_started_yields_to_a_higher_band_then_the_job_runs_next():
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=YIELD)
+    [load] = submit(d, clock, "shot", model="film", priority=-100, member="alice")
+    assert load.load
+    clock.now = 45  # half way through the film model's 90 s load
+    [image] = submit(d, clock, "image", model="sdxl", priority=100, member="bob")
+    assert (image.job.id, image.load, image.replaces) == ("image", True, "film")
+    assert d.take_notices() == [Requeued(load.job, "gpu-0", 45, "image")]
+    assert [j.id for j in d.ranking.pending()] == ["shot"]  # no work lost: it waits again
+    clock.now = 45 + 30 + 40
+    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    assert names(d.handle(JobFinished("image"))) == ["shot"]
+
+
+def test_a_job_yields_once_then_its_load_sticks():
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=YIELD)
+    submit(d, clock, "shot", model="film", priority=-100, member="alice")
+    clock.now = 10
+    submit(d, clock, "image-1", model="sdxl", priority=100, member="bob")
+    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    clock.now = 60
+    assert names(d.handle(JobFinished("image-1"))) == ["shot"]  # loading the film model again
+    clock.now = 70
+    assert submit(d, clock, "image-2", model="sdxl", priority=100, member="bob") == []
+    assert d.take_notices() == [Requeued(d.history[0].job, "gpu-0", 10, "image-1")]
+
+
+def test_a_newcomer_for_the_model_being_loaded_takes_the_slot_and_the_load_goes_on():
+    d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS, policy=YIELD)
+    submit(d, clock, "shot", model="film", priority=-100, member="alice")
+    clock.now = 30
+    [decision] = submit(d, clock, "preview", model="film", priority=100, member="bob")
+    assert not decision.load and d.lanes["gpu-0"].loading_since == 0  # the film model keeps loading
+    clock.now = 90
+    d.handle(ModelLoaded("gpu-0", "film"))
+    assert d.running["preview"].started_at == 90
+
+
+@pytest.mark.parametrize(
+    ("priority", "started", "enabled"),
+    [
+        (-90, False, True),  # max tier: 12 - 0.75 points of aging ahead, within tier + affinity
+        (100, True, True),  # the job has started: never interrupted
+        (100, False, False),  # loadYield off
+    ],
+)
+def test_no_yield_within_the_offsets_once_started_or_when_off(priority, started, enabled):
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=Policy(loadYield=enabled))
+    submit(d, clock, "shot", model="film", priority=-100, member="alice")
+    if started:
+        d.handle(ModelLoaded("gpu-0", "film"))
+    clock.now = 45
+    assert submit(d, clock, "other", model="sdxl", priority=priority, tier="max", member="bob") == []
+    assert d.take_notices() == [] and "shot" in d.running
+
+
+def test_a_yielded_job_keeps_its_place_and_its_member_is_not_charged():
+    d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=Policy(fairShare="turns", loadYield=True))
+    submit(d, clock, "shot-1", model="film", priority=-100, member="alice")
+    submit(d, clock, "shot-2", model="film", priority=-100, member="alice")
+    clock.now = 20
+    submit(d, clock, "dave-1", model="film", priority=-100, member="dave")
+    clock.now = 45
+    submit(d, clock, "image", model="sdxl", priority=100, member="bob")
+    assert d.ranking.usage(45) == {("bob", 1): pytest.approx(30 + 40, rel=0.01)}  # alice's charge refunded
+    assert ("alice", -1) not in d.ranking.served()  # as if alice's queue had never been served
+    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    clock.now = 200
+    assert names(d.handle(JobFinished("image"))) == ["shot-1"]  # alice's queue is older than dave's

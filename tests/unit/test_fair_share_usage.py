@@ -1,0 +1,252 @@
+"""Fair share by decayed GPU usage inside a band (the default), against taking turns."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from gpulane.core.events import JobFinished, JobSubmitted, ModelLoaded, UsageRestored
+from gpulane.core.jobs import Job, ModelSpec
+from gpulane.core.policy import Policy
+
+from .helpers import dispatcher, names, submit
+
+USAGE = Policy(loadYield=False)
+TURNS = Policy(fairShare="turns", loadYield=False)
+
+
+def backlog_share(policy: Policy, runs: dict[str, float], hours: float = 12) -> dict[str, float]:
+    """Each member's GPU seconds while all are backlogged with jobs of their own length."""
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=policy)
+    for member, run in runs.items():
+        for i in range(int(hours * 3600 / run) + 1):
+            d.handle(JobSubmitted(Job(f"{member}-{i}", "m", -100, "free", member, 0.0, expected_run_seconds=run)))
+    used = dict.fromkeys(runs, 0.0)
+    [running] = d.running.values()
+    while clock.now < hours * 3600:
+        run = runs[running.job.member]
+        used[running.job.member] += run
+        clock.now += run
+        [decision] = d.handle(JobFinished(running.job.id))
+        running = d.running[decision.job.id]
+    return {member: seconds / sum(used.values()) for member, seconds in used.items()}
+
+
+def test_members_share_gpu_time_not_turns():
+    """16-minute renders against 4-minute shots, one band, one model: half each, not 80/20."""
+    runs = {"renders": 16 * 60.0, "shots": 4 * 60.0}
+    usage, turns = backlog_share(USAGE, runs), backlog_share(TURNS, runs)
+    assert usage["renders"] == pytest.approx(0.5, abs=0.04)  # 53%: a render is a big lump of a 1 h half-life
+    assert turns["renders"] == pytest.approx(0.8, abs=0.01)
+
+
+def test_a_member_who_has_not_run_lately_goes_first():
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=USAGE)
+    for i in range(5):
+        submit(d, clock, f"a-{i}", member="alice")
+    clock.now = 30
+    submit(d, clock, "b-0", member="bob")  # alice's a-1 waited longer, but alice is running now
+    clock.now = 60
+    assert names(d.handle(JobFinished("a-0"))) == ["b-0"]
+    # Taking turns, alice's queue counts from her last dispatch at 0, before bob's job came.
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=TURNS)
+    for i in range(5):
+        submit(d, clock, f"a-{i}", member="alice")
+    clock.now = 30
+    submit(d, clock, "b-0", member="bob")
+    clock.now = 60
+    assert names(d.handle(JobFinished("a-0"))) == ["a-1"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(members=st.integers(2, 5), jobs=st.integers(1, 8), run=st.integers(1, 900), tiers=st.data())
+def test_equal_jobs_backlogged_together_are_served_as_today(members, jobs, run, tiers):
+    """All jobs equal and waiting from the start: usage serves them in the order turns do."""
+    tier = tiers.draw(st.sampled_from(["free", "pro", "max"]))
+    orders = []
+    for policy in (USAGE, TURNS):
+        d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=policy)
+        order = []
+        for i in range(jobs):
+            for m in range(members):
+                order += names(d.handle(JobSubmitted(Job(f"m{m}-{i}", "m", 0, tier, f"m{m}", 0.0, float(run)))))
+        while d.running:
+            clock.now += run
+            order += names(d.handle(JobFinished(next(iter(d.running)))))
+        orders.append(order)
+    assert orders[0] == orders[1]
+
+
+def test_the_expected_run_is_charged_at_dispatch_and_corrected_at_the_end():
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, models=[ModelSpec("m", run_seconds=100)], policy=USAGE)
+    submit(d, clock, "a", member="alice")
+    # Charged before it has run a second, dated at the middle of its expected run.
+    assert d.ranking.usage(50.0) == {("alice", 0): pytest.approx(100)}
+    clock.now = 40
+    d.handle(JobFinished("a"))  # it held the lane 40 s: dated at 20
+    half_life = USAGE.fair_share_half_life_seconds
+    assert d.ranking.usage(40.0) == {("alice", 0): pytest.approx(40 * 2 ** (-20 / half_life))}
+
+
+def test_a_burst_on_several_lanes_shows_its_usage_before_it_runs():
+    """Two lanes free up together: alice's second job does not take both before her usage counts."""
+    d, clock = dispatcher(lanes={"gpu-0": "m", "gpu-1": "m"}, models=[ModelSpec("m", run_seconds=600)], policy=USAGE)
+    submit(d, clock, "x", member="x")
+    submit(d, clock, "y", member="y")
+    for i in range(3):
+        submit(d, clock, f"alice-{i}", member="alice")
+    submit(d, clock, "bob-0", member="bob")
+    submit(d, clock, "bob-1", member="bob")
+    clock.now = 600
+    assert sorted(names(d.handle_all([JobFinished("x"), JobFinished("y")]))) == ["alice-0", "bob-0"]
+
+
+def test_usage_is_restored_after_a_restart_and_kept_across_a_policy_change():
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=USAGE)
+    submit(d, clock, "blocker", member="z")
+    submit(d, clock, "a", member="alice")
+    submit(d, clock, "b", member="bob")
+    d.handle(UsageRestored("alice", 0, 0.5, 0.0))
+    d.handle(UsageRestored("bob", 0, 3600.0, 0.0))
+    d.replace_policy(Policy(loadYield=False, agingDivisorSeconds=30))
+    assert d.ranking.usage(0.0) == pytest.approx({("alice", 0): 0.5, ("bob", 0): 3600.0, ("z", 0): 60.0}, rel=0.01)
+    clock.now = 60
+    [decision] = d.handle(JobFinished("blocker"))
+    assert decision.job.id == "a"
+    d.handle(UsageRestored("alice", 0, 7200.0, 0.0))  # restoring sets, it does not add
+    assert d.ranking.usage(0.0)[("alice", 0)] == pytest.approx(7200.0)
+
+
+def test_usage_decays_with_the_half_life():
+    d, _ = dispatcher(policy=Policy(fairShareHalfLifeSeconds=600))
+    d.handle(UsageRestored("alice", -100, 1000.0, 0.0))
+    assert d.ranking.usage(1200.0) == {("alice", -1): pytest.approx(250.0)}
+    assert d.ranking.usage(600.0 * 40) == {}  # decayed to nothing: the entry goes
+
+
+def test_fair_share_is_named_when_usage_decided():
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=USAGE)
+    for i in range(3):
+        d.handle(JobSubmitted(Job(f"long-{i}", "m", -100, "free", "ann", 0.0, 960.0)))
+    d.handle(JobSubmitted(Job("short-0", "m", -100, "free", "ben", 1.0, 240.0)))
+    d.handle(JobSubmitted(Job("short-1", "m", -100, "free", "ben", 2.0, 240.0)))
+    clock.now = 960
+    [first] = d.handle(JobFinished("long-0"))
+    clock.now = 1200
+    [second] = d.handle(JobFinished("short-0"))
+    assert (first.job.id, second.job.id) == ("short-0", "short-1")
+    assert second.changed_by["fairShare"] == "long-1"  # by age alone ann's older job would have won
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"fairShare": "tickets"}, "fairShare must be one of usage, turns, got 'tickets'"),
+        ({"fairShareHalfLifeSeconds": 0}, "fairShareHalfLifeSeconds must be a number of seconds from 1"),
+        ({"fairShareHalfLifeSeconds": math.inf}, "fairShareHalfLifeSeconds must be"),
+        ({"fairShareHalfLifeSeconds": "1h"}, "fairShareHalfLifeSeconds must be"),
+    ],
+)
+def test_bad_fair_share_settings_are_refused_with_a_clear_message(raw, message):
+    with pytest.raises(ValidationError, match=message):
+        Policy.model_validate(raw)
+
+
+# -- the property: the dispatcher against a brute-force reference of the usage rule -------------
+
+MEMBERS = ["ann", "ben", "cai"]
+HALF_LIFE = 900.0
+
+
+def reference_winner(pending, charges, last_dispatch, now, resident, policy):
+    """The rule computed from scratch: in each band the member queue head with the best usage key
+    (the bounded terms in aging-seconds, minus the usage clock), then the best of those picks by
+    their own scores (aging from the member's last dispatch, as ever). Returns (key, pick) pairs."""
+    div = policy.aging_divisor_seconds
+    usage: dict = {}
+    for level, seconds, at in charges:
+        usage[level] = usage.get(level, 0.0) + seconds * 2 ** ((at - now) / HALF_LIFE)
+    heads: dict = {}
+    oldest: dict = {}
+    for job, seq in pending.values():
+        level = (job.member, policy.band(job.priority))
+        oldest[level] = min(oldest.get(level, job.submitted_at), job.submitted_at)
+        key = (*level, job.model)
+        if key not in heads or (job.priority, -seq) > (heads[key][0].priority, -heads[key][1]):
+            heads[key] = (job, seq)
+    picks: dict = {}
+    for (member, band, model), (job, seq) in heads.items():
+        level = (member, band)
+        bonus = policy.affinity_bonus if model == resident else 0
+        base = (job.priority + policy.bonus_for_tier(job.tier) + bonus) * div
+        start = job.submitted_at
+        if usage.get(level, 0.0) >= 1e-6:
+            clock = now + HALF_LIFE * math.log2(usage[level])
+            start = max(start, clock + job.submitted_at - oldest[level])
+        own_start = job.submitted_at
+        if level in last_dispatch:
+            own_start = max(own_start, last_dispatch[level] + job.submitted_at - oldest[level])
+        entry = (base - start, -seq, base - own_start, job)
+        if band not in picks or entry[:2] > picks[band][:2]:
+            picks[band] = entry
+    return picks
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**9))
+def test_dispatcher_matches_the_usage_reference(seed):
+    rng = random.Random(seed)
+    policy = Policy(loadYield=False, fairShareHalfLifeSeconds=HALF_LIFE)
+    d, clock = dispatcher(lanes={"gpu-0": None}, policy=policy, models=[ModelSpec(m, load_seconds=20) for m in "ab"])
+    pending: dict = {}
+    charges: list = []  # ((member, band), seconds, at), as the rule charges them
+    last_dispatch: dict = {}
+    running: dict = {}
+    seq = 0
+
+    def check(decisions):
+        for decision in decisions:
+            resident = decision.replaces if decision.load else decision.model
+            picks = reference_winner(pending, charges, last_dispatch, clock.now, resident, policy)
+            job, band = decision.job, policy.band(decision.job.priority)
+            winner = max(picks.values(), key=lambda e: (e[2], e[1]))
+            # Usage keys are logarithms: floats, so a pick within a microsecond of the best is a tie.
+            ours = next((e for e in picks.values() if e[3].id == job.id), None)
+            assert ours is not None, f"{job.id} is not its band's pick ({picks[band][3].id})"
+            assert ours[0] == pytest.approx(picks[band][0], abs=1e-6)
+            assert ours[2] == pytest.approx(winner[2], abs=1e-6), f"{job.id} lost to {winner[3].id}"
+            pending.pop(job.id)
+            level = (job.member, band)
+            expected = d.models.expected_run(job) + (20 if decision.load else 0)
+            charges.append((level, expected, clock.now + expected / 2))  # dated at the run's middle
+            last_dispatch[level] = clock.now
+            running[job.id] = (level, expected, clock.now)
+
+    for n in range(60):
+        clock.now += rng.choice([0, 5, 30, 120])
+        if running and rng.random() < 0.5:
+            job_id = next(iter(running))
+            level, expected, at = running.pop(job_id)
+            held = clock.now - at  # corrected to the time it held the lane
+            charges += [(level, -expected, at + expected / 2), (level, held, at + held / 2)]
+            check(d.handle(JobFinished(job_id)))
+        else:
+            seq += 1
+            job = Job(
+                f"j{n}",
+                rng.choice("ab"),
+                rng.choice([-100, 0, 20]),
+                rng.choice(["free", "max"]),
+                rng.choice(MEMBERS),
+                clock.now,
+                expected_run_seconds=float(rng.choice([60, 240, 960])),
+            )
+            pending[job.id] = (job, seq)
+            check(d.handle(JobSubmitted(job)))
+        if rng.random() < 0.2 and d.lanes["gpu-0"].resident is not None:
+            d.handle(ModelLoaded("gpu-0", d.lanes["gpu-0"].resident))
