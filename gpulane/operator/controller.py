@@ -104,9 +104,12 @@ class Controller:
         """Deadlines and load timeouts: one loop for all jobs, no per-object timers."""
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
-            self.check_deadlines()
-            for lane in self.lanes.values():
-                lane.kick()
+            self.tick()
+
+    def tick(self) -> None:
+        self.check_deadlines()
+        for lane in self.lanes.values():
+            lane.kick()
 
     def check_deadlines(self) -> None:
         now = self.clock()

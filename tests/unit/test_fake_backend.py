@@ -198,6 +198,17 @@ def test_unknown_model_is_a_404_in_openai_format() -> None:
     assert caught.value.code == "model_not_found" and caught.value.param == "model"
 
 
+async def _until(get: Any, ok: Any, json_check: Any = None, seconds: float = 5.0) -> Any:
+    """Poll ``get()`` until its response passes ``ok`` (and ``json_check`` on its body), for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        resp = await get()
+        if ok(resp) and (json_check is None or json_check(await resp.json())):
+            return resp
+        assert time.monotonic() < deadline, f"still {resp.status} after {seconds}s"
+        await asyncio.sleep(0.01)
+
+
 # --- aiohttp's test client -----------------------------------------------------------------------------------
 
 
@@ -209,9 +220,8 @@ def test_loading_phase_is_503_then_200() -> None:
         assert call.status == 503 and int(call.headers["Retry-After"]) >= 1
         assert (await call.json())["error"]["code"] == "model_loading"
         assert (await http.get("/v1/models")).status == 503
-        await asyncio.sleep(0.3)
-        health = await http.get("/health")
-        assert health.status == 200 and await health.json() == {"status": "ok"}
+        health = await _until(lambda: http.get("/health"), lambda r: r.status == 200)
+        assert await health.json() == {"status": "ok"}
         assert (await http.post("/v1/chat/completions", json={"model": "fake", "messages": []})).status == 200
 
     with_test_client(FakeBackendConfig(load_seconds=0.25), check)
@@ -251,8 +261,8 @@ def test_stats_count_served_and_in_flight_calls() -> None:
         chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
         started = time.monotonic()
         pending = asyncio.ensure_future(http.post("/v1/chat/completions", json=chat))
-        await asyncio.sleep(0.1)
-        assert await (await http.get("/stats")).json() == {
+        stats = await _until(lambda: http.get("/stats"), lambda r: r.status == 200, json_check=lambda j: j["in_flight"])
+        assert await stats.json() == {
             "total": 1,
             "per_model": {"fake": 1},
             "in_flight": 1,

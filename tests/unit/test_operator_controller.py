@@ -710,13 +710,8 @@ def test_a_readiness_blip_does_not_fail_running_jobs():
 
 
 async def _one_tick(w: World) -> None:
-    """One pass of the controller's 1-second loop (deadlines, then a kick of every lane)."""
-    w.ctl.settings.tick_seconds = 0
-    task = asyncio.create_task(w.ctl._tick())
-    await asyncio.sleep(0)  # the loop starts and sleeps
-    await asyncio.sleep(0)  # one pass
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    """One pass of the controller's 1-second loop (deadlines, then a kick of every lane), and its writes."""
+    w.ctl.tick()
     await w.settle()
 
 
