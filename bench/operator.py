@@ -33,12 +33,14 @@ import os
 import platform
 import queue
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness import bench_world, peak_rss_mib
+from harness import REPO, bench_world, peak_rss_mib
 from kubernetes import client, watch
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
@@ -91,48 +93,63 @@ class PhaseWatch:
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     with bench_world(*args.operator_args) as bench:
         api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
-        world.lane()
+        for _ in range(args.lanes):
+            world.lane()
         model = world.model("warm", ready_delay="0s")
         watcher = PhaseWatch(api, namespace)
-        names = [f"j{i:04d}" for i in range(args.jobs + 1)]
+        total = max(args.pending, args.jobs) + args.lanes
+        names = [f"j{i:05d}" for i in range(total)]
         world.apply(*(world.job_doc(n, model, member=f"m{i % 7}") for i, n in enumerate(names)))
         wait_until(
             lambda: sum(1 for j in world.jobs() if (j.get("status") or {}).get("phase")) == len(names),
-            timeout=120,
+            timeout=600,
             what="every job queued",
         )
+        running = {j["metadata"]["name"] for j in world.jobs() if j["status"].get("phase") == "Running"}
         before = operator.metrics()
+        started = time.monotonic()
         totals: list[float] = []
         trips: list[float] = []
-        done: list[str] = []
+        done: set[str] = set()
         for _ in range(args.jobs):
-            running = next(j["metadata"]["name"] for j in world.jobs() if j["status"].get("phase") == "Running")
+            finished = min(running)
             t0 = time.monotonic()
-            world.complete(running)
-            at, _name, _obj = watcher.until(lambda n, p, o, r=running: p == "Running" and n != r and n not in done)
+            world.complete(finished)
+            running.discard(finished)
+            done.add(finished)
+            at, name, _obj = watcher.until(
+                lambda n, p, o: p == "Running" and n not in done and n not in running, timeout=60
+            )
             totals.append(at - t0)
-            done.append(running)
+            running.add(name)
             # The apiserver alone: the same write-then-watch trip on a finished job.
             t1 = time.monotonic()
             patch = {"status": {"message": f"bench {t1}"}}
-            world.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "gpujobs", running, patch)
+            world.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "gpujobs", finished, patch)
             at2, _n, _o = watcher.until(
-                lambda n, p, o, r=running, m=patch["status"]["message"]: (
+                lambda n, p, o, r=finished, m=patch["status"]["message"]: (
                     n == r and (o.get("status") or {}).get("message") == m
                 )
             )
             trips.append(at2 - t1)
+        elapsed = time.monotonic() - started
         after = operator.metrics()
         watcher.stop()
         internal_n = after["gpulane_dispatch_latency_seconds_count"] - before["gpulane_dispatch_latency_seconds_count"]
         internal_s = after["gpulane_dispatch_latency_seconds_sum"] - before["gpulane_dispatch_latency_seconds_sum"]
+        writes = sum(after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{"))
+        assert operator.proc is not None
         return {
+            "lanes": args.lanes,
+            "pending": total,
             "dispatches": len(totals),
             "total_p50_ms": round(statistics.median(totals) * 1000, 1),
             "total_p99_ms": round(percentile(totals, 99) * 1000, 1),
             "apiserver_round_trip_p50_ms": round(statistics.median(trips) * 1000, 1),
             "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
+            "operator_writes_per_second": round(writes / elapsed, 1),
+            "operator_peak_rss_mib": peak_rss_mib(operator.proc.pid),
         }
 
 
@@ -173,10 +190,13 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
 def scale(args: argparse.Namespace) -> dict[str, Any]:
     with bench_world(*args.operator_args) as bench:
         api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
-        world.lane()
         model = world.model("busy", ready_delay="0s")
-        world.job("blocker", model)
-        world.wait_phase("blocker", "Running")
+        blockers = [f"blocker-{i}" for i in range(args.lanes)]
+        for name in blockers:
+            world.lane()
+            world.job(name, model)
+        for name in blockers:
+            world.wait_phase(name, "Running")
         watcher = PhaseWatch(api, namespace)
         before = operator.metrics()
         bands = ["interactive", "normal", "batch"]
@@ -194,31 +214,32 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         last = t0
         while len(positioned) < args.jobs:
             at, name, obj = watcher.until(lambda n, p, o: True, timeout=600)
-            if name != "blocker" and (obj.get("status") or {}).get("position") and name not in positioned:
+            if name not in blockers and (obj.get("status") or {}).get("position") and name not in positioned:
                 positioned.add(name)
                 last = at
         elapsed = last - t0
         after = operator.metrics()
-        watcher.stop()
         writes = {
             k.split('"')[1]: after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{")
         }
         assert operator.proc is not None
         rss_positioned = peak_rss_mib(operator.proc.pid)
         # Then many dispatches with the queue still long: lane history and job stories must stay bounded.
-        world.complete("blocker")
+        # The watch tells which job runs next; listing 5,000 jobs per step would time the bench instead.
+        d0 = time.monotonic()
+        for name in blockers:
+            world.complete(name)
+        done = set(blockers)
         for _ in range(args.dispatches):
-            running = wait_until(
-                lambda: [
-                    j["metadata"]["name"] for j in world.jobs() if (j.get("status") or {}).get("phase") == "Running"
-                ],
-                what="a running job",
-            )
-            for name in running:
-                world.complete(name)
+            _, name, _ = watcher.until(lambda n, p, o: p == "Running" and n not in done, timeout=60)
+            done.add(name)
+            world.complete(name)
+        dispatch_seconds = time.monotonic() - d0
+        watcher.stop()
         jobs = world.jobs()
         lane = world.custom.list_cluster_custom_object(GROUP, VERSION, "gpulanes")["items"][0]
         return {
+            "lanes": args.lanes,
             "jobs": args.jobs,
             "create_seconds_apiserver": round(created, 1),
             "all_positioned_seconds": round(elapsed, 1),
@@ -226,27 +247,58 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
             "operator_writes": {k: int(v) for k, v in sorted(writes.items()) if v},
             "operator_peak_rss_mib_positioned": rss_positioned,
             "dispatches_after": args.dispatches,
+            "dispatches_per_second_with_queue": round(args.dispatches / dispatch_seconds, 1),
             "operator_peak_rss_mib": peak_rss_mib(operator.proc.pid),
             "lane_status_bytes": len(json.dumps(lane.get("status") or {})),
             "largest_job_status_bytes": max(len(json.dumps(j.get("status") or {})) for j in jobs),
         }
 
 
+def versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The bench against the base commit's operator and this tree's, alternated so that a drifting machine
+    slows both alike; the base's ``gpulane`` is imported first through PYTHONPATH (``git archive``)."""
+    runs: dict[str, list[dict[str, Any]]] = {"base": [], "this": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = subprocess.run(
+            ["git", "-C", str(REPO), "archive", args.base, "gpulane"], check=True, capture_output=True
+        )
+        subprocess.run(["tar", "-x", "-C", tmp], input=tree.stdout, check=True)
+        for _ in range(args.versus_rounds):
+            for which in ("base", "this"):
+                os.environ.pop("PYTHONPATH", None)
+                if which == "base":
+                    os.environ["PYTHONPATH"] = tmp  # the operator process inherits it
+                runs[which].append(bench(args))
+        os.environ.pop("PYTHONPATH", None)
+    numbers = [k for k, v in runs["this"][0].items() if isinstance(v, int | float)]
+    ratio = {
+        k: round(statistics.median(t[k] / b[k] for b, t in zip(runs["base"], runs["this"], strict=True) if b[k]), 2)
+        for k in numbers
+    }
+    return {"base": args.base, "runs": runs, "this_over_base_median": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     lat = sub.add_parser("latency")
-    lat.add_argument("--jobs", type=int, default=200)
+    lat.add_argument("--jobs", type=int, default=200, help="dispatches timed")
+    lat.add_argument("--pending", type=int, default=0, help="jobs queued behind them (default: just those)")
+    lat.add_argument("--lanes", type=int, default=1, help="warm lanes, each on a kwok node of its own")
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
     sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")
+    sc.add_argument("--lanes", type=int, default=1, help="busy lanes, each on a kwok node of its own")
     sw = sub.add_parser("swap")
     sw.add_argument("--rounds", type=int, default=3, help="rounds, each one lane on the real node then one on kwok")
     sw.add_argument("--swaps", type=int, default=5, help="swaps per lane and round")
     for p in (lat, sc, sw):
         p.add_argument("--operator-args", nargs="*", default=[], help="extra arguments for gpulane operator")
+        p.add_argument("--base", help="also run the operator of this commit, alternated round by round")
+        p.add_argument("--versus-rounds", type=int, default=2, help="rounds of base then this tree (with --base)")
     args = parser.parse_args()
-    result = {"latency": latency, "scale": scale, "swap": swap}[args.what](args)
+    bench = {"latency": latency, "scale": scale, "swap": swap}[args.what]
+    result = versus(bench, args) if args.base else bench(args)
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(json.dumps(result, indent=1))
 

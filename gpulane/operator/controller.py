@@ -100,22 +100,19 @@ class Controller:
             await lane.stop()
         await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
 
-    async def _tick(self) -> None:
-        """Deadlines and load timeouts: one loop for all jobs, no per-object timers."""
+    async def _tick(self) -> None:  # one loop for all jobs: no per-object timers
         while True:
             await asyncio.sleep(self.settings.tick_seconds)
             self.tick()
 
     def tick(self) -> None:
-        self.check_deadlines()
-        for lane in self.lanes.values():
-            lane.kick()
-
-    def check_deadlines(self) -> None:
+        """One pass: active jobs past a deadline end (``deadlines``), and every lane looks at its load again."""
         now = self.clock()
         for view in self.jobs:
             if view.active and not view.ending and (why := overdue(view, now, self.observed.leases)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
+        for lane in self.lanes.values():
+            lane.kick()
 
     def apply(self, event: Event, woke_at: float | None = None) -> None:
         """Hand one event to the core and act on every decision it returns."""

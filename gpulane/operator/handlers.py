@@ -30,6 +30,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.label_selectors["", "pods"] = BACKEND_SELECTOR
     settings.watching.label_selectors["coordination.k8s.io", "leases"] = EXECUTOR_SELECTOR
     settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330  # a watch the apiserver silently dropped is noticed and reopened
+    settings.networking.request_timeout = 30
     kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
     ctl = Controller(kube, Settings(**memo.settings))
     memo.controller = ctl

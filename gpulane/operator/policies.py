@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from gpulane.admission.review import Refused, validate_policy
 from gpulane.api.contract import Body
+from gpulane.api.resources import GpuPolicyStatus
 from gpulane.core.policy import Policy
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.translate import condition, merge_condition
@@ -46,5 +47,6 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
     host.policy_generation = generation
     conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)
-    status = {"conditions": conditions, "observedGeneration": generation}
+    fields = {"conditions": conditions, "observedGeneration": generation}
+    status = GpuPolicyStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
     host.spawn(host.writes.cluster_status("gpupolicies", meta["name"], status))

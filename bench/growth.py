@@ -1,0 +1,97 @@
+"""How the operator's cost grows: warm dispatch latency and the burst of N jobs, at 1, 10 and 50 lanes
+(kwok nodes) and at 1,000, 5,000 and 20,000 jobs, each a fresh run of ``bench/operator.py``.
+
+    .venv/bin/python bench/growth.py [--lanes 1 10 50] [--jobs 1000 5000 20000] [--plot docs/img/operator-growth.png]
+
+Prints one JSON line per run and a markdown table; the plot shows latency (p50, p99), jobs positioned
+per second, the operator's peak memory and its API writes per second against lanes and against jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(*argv: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, str(HERE / "operator.py"), *argv], check=True, capture_output=True, text=True)
+    result: dict[str, Any] = json.loads(out.stdout)
+    print(json.dumps({"argv": argv, **result}), flush=True)
+    return result
+
+
+def plot(by_lanes: list[dict[str, Any]], by_jobs: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for row, (runs, key, label) in enumerate(((by_lanes, "lanes", "lanes"), (by_jobs, "jobs", "jobs"))):
+        lat = [r["latency"] for r in runs]
+        burst = [r["scale"] for r in runs]
+        xs = [r[key] for r in runs]
+        ax = axes[row][0]
+        ax.plot(xs, [x["total_p50_ms"] for x in lat], "o-", label="p50")
+        ax.plot(xs, [x["total_p99_ms"] for x in lat], "s--", label="p99")
+        ax.set(xlabel=label, ylabel="warm dispatch latency (ms)", xscale="log")
+        ax.legend()
+        ax = axes[row][1]
+        ax.plot(xs, [x["jobs_per_second"] for x in burst], "o-", label="positioned jobs/s")
+        ax.plot(xs, [x["operator_writes_per_second"] for x in lat], "s--", label="API writes/s while dispatching")
+        ax.set(xlabel=label, ylabel="per second", xscale="log")
+        ax.legend()
+        ax = axes[row][2]
+        ax.plot(xs, [x["operator_peak_rss_mib"] for x in burst], "o-", label="after the burst")
+        ax.set(xlabel=label, ylabel="operator peak RSS (MiB)", xscale="log")
+        ax.legend()
+    fig.suptitle("gpulane operator: cost against lanes (top, 5,000 jobs) and against jobs (bottom, 1 lane)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lanes", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 5000, 20000])
+    parser.add_argument("--dispatches", type=int, default=100)
+    parser.add_argument("--plot", default=None)
+    args = parser.parse_args()
+    d = str(args.dispatches)
+    by_lanes = [
+        {
+            "lanes": n,
+            "latency": run("latency", "--lanes", str(n), "--pending", "5000", "--jobs", d),
+            "scale": run("scale", "--lanes", str(n), "--jobs", "5000", "--dispatches", d),
+        }
+        for n in args.lanes
+    ]
+    by_jobs = [
+        {
+            "jobs": n,
+            "latency": run("latency", "--pending", str(n), "--jobs", d),
+            "scale": run("scale", "--jobs", str(n), "--dispatches", d),
+        }
+        for n in args.jobs
+    ]
+    print("| lanes | jobs | dispatch p50 / p99 | apiserver trip p50 | positioned jobs/s | writes/s | peak RSS |")
+    print("|---|---|---|---|---|---|---|")
+    for r in [*by_lanes, *by_jobs]:
+        lat, burst = r["latency"], r["scale"]
+        print(
+            f"| {lat['lanes']} | {burst['jobs']:,} | {lat['total_p50_ms']} / {lat['total_p99_ms']} ms "
+            f"| {lat['apiserver_round_trip_p50_ms']} ms | {burst['jobs_per_second']} "
+            f"| {lat['operator_writes_per_second']} | {burst['operator_peak_rss_mib']} MiB |"
+        )
+    if args.plot:
+        plot(by_lanes, by_jobs, args.plot)
+
+
+if __name__ == "__main__":
+    main()
