@@ -30,9 +30,17 @@ from .support import REPO, Cluster, localcluster, wait_until
 CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies")]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``last`` stop the session's cluster (test_host_given_back.py): they run after all others."""
-    items.sort(key=lambda item: item.get_closest_marker("last") is not None)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Tests marked ``last`` stop the session's cluster (test_host_given_back.py): they run after all others.
+
+    Sorted once collection is over, not in ``pytest_collection_modifyitems``, where something could still
+    reorder after this conftest: plugins registered before it (``-p``, or installed ones such as
+    pytest-random-order), and the cache's ``--ff`` and ``--nf`` wrappers, which put failed or new (newest
+    file first) tests ahead. A hook wrapper would not do either: wrappers nest by registration order, and
+    this conftest is registered before the cache's plugins when a path under tests/e2e is named on the
+    command line (a file run alone), after them otherwise. test_last_marker.py checks these cases.
+    """
+    session.items.sort(key=lambda item: item.get_closest_marker("last") is not None)
 
 
 @pytest.fixture(scope="session")

@@ -15,18 +15,16 @@ import signal
 import socket
 import ssl
 import subprocess
-import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
 import yaml
-from kubernetes import client, watch
+from kubernetes import client
 
-from .support import REPO, Cluster, ServingCert, localcluster, wait_until
+from .support import REPO, Cluster, ServingCert, localcluster, recording_watch, wait_until
 
 GROUP, VERSION = "gpulane.io", "v1alpha1"
 API = f"{GROUP}/{VERSION}"
@@ -317,6 +315,21 @@ class World:
         body = self.custom.get_cluster_custom_object(GROUP, VERSION, plural, name)
         return dict(body.get("status") or {})
 
+    def erase_status(self, name: str, *fields: str, plural: str = "gpujobs") -> None:
+        """Remove ``fields`` from the status of GpuJob ``name`` (or of the cluster-scoped ``plural`` object
+        ``name``), as if never written. Done while the operator is down, it makes the values that a test
+        waits for after the restart provably the new process's writes, not the old one's."""
+        patch = {"status": dict.fromkeys(fields)}  # a merge patch's null removes the field
+        kind = "application/merge-patch+json"
+        if plural == "gpujobs":
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, plural, name, patch, _content_type=kind
+            )
+        else:
+            self.custom.patch_cluster_custom_object_status(GROUP, VERSION, plural, name, patch, _content_type=kind)
+        status = self.status(name) if plural == "gpujobs" else self.cluster_status(plural, name)
+        assert not set(fields) & set(status), f"{plural}/{name} still has {fields}: {status}"
+
     def wait_phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
         return wait_until(
             lambda: (s := self.status(name)).get("phase") in phases and s,
@@ -397,31 +410,31 @@ class World:
             wait_until(lambda lane=lane: not self.backend_pods(lane), timeout=60, what=f"lane {lane}'s pod gone")
 
 
-@contextlib.contextmanager
-def pod_watch(core: client.CoreV1Api, lane: str) -> Iterator[list[tuple[str, str, str]]]:
+def pod_watch(core: client.CoreV1Api, lane: str) -> contextlib.AbstractContextManager[list[tuple[str, str, str]]]:
     """Records (event type, pod name, uid) of every backend pod of ``lane`` in the operator's namespace."""
-    seen: list[tuple[str, str, str]] = []
-    stop = threading.Event()
-    rv = core.list_namespaced_pod(OPERATOR_NAMESPACE).metadata.resource_version
 
-    def run() -> None:
-        nonlocal rv
-        while not stop.is_set():
-            try:
-                for event in watch.Watch().stream(
-                    core.list_namespaced_pod, OPERATOR_NAMESPACE, resource_version=rv, timeout_seconds=2
-                ):
-                    pod = event["object"]
-                    rv = pod.metadata.resource_version
-                    if (pod.metadata.annotations or {}).get("gpulane.io/lane") == lane:
-                        seen.append((event["type"], pod.metadata.name, pod.metadata.uid))
-            except Exception:
-                time.sleep(0.2)
+    def record(kind: str, pod: client.V1Pod) -> tuple[str, str, str] | None:
+        if (pod.metadata.annotations or {}).get("gpulane.io/lane") != lane:
+            return None
+        return (kind, pod.metadata.name, pod.metadata.uid)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        thread.join(5)
+    return recording_watch(core.list_namespaced_pod, OPERATOR_NAMESPACE, record=record)
+
+
+def phase_watch(world: World) -> contextlib.AbstractContextManager[list[tuple[str, str | None]]]:
+    """Records (job, phase) of every write to a GpuJob of the world's namespace, in the order of the writes;
+    ``first_write`` finds one in it."""
+    return recording_watch(
+        world.custom.list_namespaced_custom_object, GROUP, VERSION, world.namespace, "gpujobs",
+        record=lambda _kind, job: (job["metadata"]["name"], (job.get("status") or {}).get("phase")),
+    )  # fmt: skip
+
+
+def first_write(seen: list[tuple[str, str | None]], job: str, *phases: str, timeout: float = 30) -> int:
+    """The index in ``phase_watch``'s record of the first write that shows ``job`` in one of ``phases``,
+    once the watch has delivered it: compare two to tell which write came first."""
+    return wait_until(
+        lambda: [i for i, (name, phase) in enumerate(seen) if name == job and phase in phases][:1],
+        timeout=timeout,
+        what=f"the watch to see GpuJob {job} in phase {'/'.join(phases)}",
+    )[0]

@@ -4,6 +4,7 @@ Helm chart) reuse them."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
+from kubernetes import watch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
@@ -35,6 +37,7 @@ __all__ = [
     "ServingCert",
     "localcluster",
     "make_serving_cert",
+    "recording_watch",
     "wait_until",
 ]
 
@@ -130,25 +133,91 @@ class Cluster:
         return path
 
 
+def _probe_is_broken(exc: Exception) -> bool:
+    """Errors no retry can fix: the probe's own code is wrong, or the probe has decided (its assert)."""
+    if isinstance(exc, (NameError, ImportError)):
+        return True
+    if isinstance(exc, AttributeError):
+        return exc.obj is not None  # a typo on a real object; on a None it is a field not written yet
+    return isinstance(exc, AssertionError) and not isinstance(exc, CommandFailed)
+
+
 def wait_until(
     probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.2, what: str = "condition"
 ) -> T:
     """Call ``probe`` until it returns something truthy and return that; fail the test after ``timeout``.
-    The last value (or exception) is in the failure message."""
+
+    An exception from the probe counts as "not yet": while the thing waited for is not there, a probe
+    meets the API's errors (404 until an object exists, 403 until RBAC catches up), a server still
+    starting, a kubectl that fails (``CommandFailed``), or a field not yet written (KeyError, IndexError,
+    a TypeError or AttributeError on a None). Where no retry can help, it fails at once with the probe's
+    own traceback: a NameError or ImportError, an AttributeError on an object that is not None (a typo),
+    and an AssertionError other than a failed command (the probe asserted; ``GpulaneProcess`` does when
+    its process exited). A KeyError or TypeError from a typo is still retried, as it looks like a field
+    not yet written; on timeout the message has the last value and the last exception, chained, so that
+    its traceback shows where the probe failed.
+    """
     deadline = time.monotonic() + timeout
     last: object = None
+    error: Exception | None = None
+    calls = failures = 0
     while True:
+        calls += 1
         try:
             value = probe()
-        except Exception as exc:  # a probe may race with the object appearing
-            value, last = None, exc
+        except Exception as exc:
+            if _probe_is_broken(exc):
+                exc.add_note(f"raised by the probe of wait_until (waiting for {what}): not retried")
+                raise
+            value, last, error = None, exc, exc
+            failures += 1
         else:
             last = value
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+            message = f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
+            if error is not None:
+                message += f"\n{failures} of {calls} probes raised; the last raised {error!r}"
+            raise AssertionError(message) from error
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def recording_watch(
+    list_fn: Callable[..., Any], *args: Any, record: Callable[[str, Any], T | None]
+) -> Iterator[list[T]]:
+    """Watch ``list_fn(*args)`` (e.g. ``core.list_namespaced_pod, namespace``) in a thread and keep
+    ``record(event type, object)`` of each event from now on, unless it is None. A watch delivers events in
+    the order of the writes, so the list orders writes by different writers: what happened first."""
+    seen: list[T] = []
+    stop = threading.Event()
+    rv = _resource_version(list_fn(*args))
+
+    def run() -> None:
+        nonlocal rv
+        while not stop.is_set():
+            try:
+                for event in watch.Watch().stream(list_fn, *args, resource_version=rv, timeout_seconds=2):
+                    obj = event["object"]
+                    rv = _resource_version(obj)
+                    if (kept := record(event["type"], obj)) is not None:
+                        seen.append(kept)
+            except Exception:  # a dropped connection: resume from the last version seen
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=run, name="e2e-watch", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def _resource_version(obj: Any) -> str:
+    """Of a list or an object, as the official client returns them: models, or dicts for custom objects."""
+    return str(obj["metadata"]["resourceVersion"] if isinstance(obj, dict) else obj.metadata.resource_version)
 
 
 @dataclass

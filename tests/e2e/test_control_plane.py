@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from .support import Cluster, localcluster, wait_until
+from .support import Cluster, localcluster, recording_watch, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -144,31 +143,40 @@ def test_gpu_pods_are_scheduled_one_at_a_time(
     assert first.status.pod_ip, "kwok gives a running pod an IP"
     assert all(cs.ready for cs in first.status.container_statuses)
 
-    core_v1.create_namespaced_pod(namespace, _kwok_pod("second", kwok_node))
+    def record(kind: str, pod: client.V1Pod) -> tuple[str, str, str | None]:
+        return (kind, pod.metadata.name, pod.spec.node_name)
 
-    def unschedulable() -> Any:
-        cond = _scheduled_condition(core_v1.read_namespaced_pod("second", namespace))
-        return cond if cond is not None and cond.status == "False" else None
+    # Every write to the test's pods, in the order of the writes: (event, pod, its node).
+    with recording_watch(core_v1.list_namespaced_pod, namespace, record=record) as writes:
+        core_v1.create_namespaced_pod(namespace, _kwok_pod("second", kwok_node))
 
-    cond = wait_until(unschedulable, timeout=60, what="pod second to be marked unschedulable")
-    assert cond.reason == "Unschedulable"
-    assert f"Insufficient {GPU}" in cond.message, cond.message
+        def unschedulable() -> Any:
+            cond = _scheduled_condition(core_v1.read_namespaced_pod("second", namespace))
+            return cond if cond is not None and cond.status == "False" else None
 
-    def failed_scheduling_event() -> Any:
-        events = core_v1.list_namespaced_event(
-            namespace, field_selector="involvedObject.name=second,reason=FailedScheduling"
-        ).items
-        return next((e for e in events if f"Insufficient {GPU}" in (e.message or "")), None)
+        cond = wait_until(unschedulable, timeout=60, what="pod second to be marked unschedulable")
+        assert cond.reason == "Unschedulable"
+        assert f"Insufficient {GPU}" in cond.message, cond.message
 
-    wait_until(failed_scheduling_event, timeout=30, what="a FailedScheduling event for pod second")
+        def failed_scheduling_event() -> Any:
+            events = core_v1.list_namespaced_event(
+                namespace, field_selector="involvedObject.name=second,reason=FailedScheduling"
+            ).items
+            return next((e for e in events if f"Insufficient {GPU}" in (e.message or "")), None)
 
-    # While the first pod holds the GPU, the second one stays Pending and unbound.
-    time.sleep(3)
-    second = core_v1.read_namespaced_pod("second", namespace)
-    assert second.status.phase == "Pending" and not second.spec.node_name
+        wait_until(failed_scheduling_event, timeout=30, what="a FailedScheduling event for pod second")
 
-    core_v1.delete_namespaced_pod("first", namespace)
-    second = wait_until(lambda: running("second"), timeout=90, what="pod second to be Running after first is gone")
+        core_v1.delete_namespaced_pod("first", namespace)
+        second = wait_until(lambda: running("second"), timeout=90, what="pod second to be Running after first is gone")
+
+        def order() -> tuple[int, int] | None:
+            deleted = [i for i, (kind, name, _) in enumerate(writes) if kind == "DELETED" and name == "first"]
+            bound = [i for i, (_, name, node) in enumerate(writes) if name == "second" and node]
+            return (deleted[0], bound[0]) if deleted and bound else None
+
+        # While the first pod held the GPU (until it was deleted), the scheduler bound nothing else there.
+        deleted, bound = wait_until(order, timeout=30, what="the watch to see first deleted and second bound")
+        assert bound > deleted, f"second was bound while first held the GPU: {writes}"
     assert second.spec.node_name == kwok_node
     with pytest.raises(client.ApiException) as gone:
         core_v1.read_namespaced_pod("first", namespace)

@@ -21,12 +21,13 @@ import pytest
 
 from .support import Cluster, localcluster, wait_until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.last]
-
 # Away from the session's cluster (16000) and the lifecycle tests' (27000, 28000).
 REAL_BASE = 29000
 # How long to wait for other pytest sessions that still use the cluster.
 SHARED_WAIT = 900.0
+
+# The first test's setup may wait SHARED_WAIT for other sessions: beyond the suite's timeout (pyproject.toml).
+pytestmark = [pytest.mark.e2e, pytest.mark.last, pytest.mark.timeout(SHARED_WAIT + 300)]
 host = localcluster.host
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .operator_support import OperatorProcess, World, pod_watch
+from .operator_support import OperatorProcess, World, first_write, phase_watch, pod_watch
 from .support import REPO, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -56,7 +56,7 @@ def test_dispatch_order_follows_the_scores(world: World, operator: OperatorProce
 def test_reuse_keeps_the_pod_and_a_swap_never_overlaps_two_pods(world: World, operator: OperatorProcess) -> None:
     lane = world.lane()
     sdxl, flux = world.model("sdxl", ready_delay="2s"), world.model("flux", ready_delay="2s")
-    with pod_watch(world.core, lane) as seen:
+    with pod_watch(world.core, lane) as seen, phase_watch(world) as writes:
         world.job("a1", sdxl)
         first = world.wait_phase("a1", "Running")
         uid = world.backend_pods(lane)[0].metadata.uid
@@ -66,12 +66,13 @@ def test_reuse_keeps_the_pod_and_a_swap_never_overlaps_two_pods(world: World, op
         second = world.wait_phase("a2", "Running")
         assert world.backend_pods(lane)[0].metadata.uid == uid, "the warm pod is reused, not restarted"
         assert second["pod"] == first["pod"] and second["endpoint"] == first["endpoint"]
-        world.wait_phase("b1", "Pending")  # the swap waits for the lane to drain
-        time.sleep(1)
-        assert world.status("b1")["phase"] == "Pending"
+        # Written once a2 had left the queue for the lane: the operator saw b1 with a2 running, and kept it.
+        wait_until(lambda: world.status("b1").get("position") == 1, what="b1 at the head of the queue")
         world.complete("a2")
         world.wait_phase("b1", "Dispatching")
         world.wait_phase("b1", "Running")
+        swapped = first_write(writes, "b1", "Dispatching", "Running")
+        assert swapped > first_write(writes, "a2", "Succeeded"), f"the swap did not wait for a2 to end: {writes}"
         [pod] = world.backend_pods(lane)
         assert pod.metadata.uid != uid and pod.metadata.annotations["gpulane.io/model"] == flux
     lane_status = wait_until(
@@ -205,18 +206,27 @@ def test_operator_killed_and_restarted_loses_nothing_and_keeps_the_order(
 def test_operator_restart_adopts_the_running_job(world: World, operator: OperatorProcess) -> None:
     lane = world.lane()
     sdxl = world.model("sdxl")
-    world.job("long", sdxl)
-    running = world.wait_phase("long", "Running")
-    world.job("waiting", sdxl)
-    world.wait_phase("waiting", "Pending")
-    operator.kill()
-    operator.start()
-    time.sleep(2)
-    assert world.status("waiting")["phase"] == "Pending", "the adopted job still holds the lane"
-    assert world.status("long")["pod"] == running["pod"]
-    [pod] = world.backend_pods(lane)
-    world.complete("long")
-    assert world.wait_phase("waiting", "Running")["pod"] == pod.metadata.name
+    with phase_watch(world) as writes:
+        world.job("long", sdxl)
+        running = world.wait_phase("long", "Running")
+        world.job("waiting", sdxl)
+        world.wait_phase("waiting", "Pending")
+        operator.kill()
+        # Erased while it is down, so that what is waited for below is the restarted operator's own writes.
+        world.erase_status("waiting", "position")
+        world.erase_status(lane, "running", plural="gpulanes")
+        operator.start()
+        wait_until(
+            lambda: world.cluster_status("gpulanes", lane).get("running") == [f"{world.namespace}/long"],
+            what="the restarted operator to show long on its lane",
+        )
+        wait_until(lambda: world.status("waiting").get("position") == 1, what="the restarted operator to queue waiting")
+        assert world.status("long")["pod"] == running["pod"]
+        [pod] = world.backend_pods(lane)
+        world.complete("long")
+        assert world.wait_phase("waiting", "Running")["pod"] == pod.metadata.name
+        started = first_write(writes, "waiting", "Dispatching", "Running")
+        assert started > first_write(writes, "long", "Succeeded"), f"the adopted job did not hold the lane: {writes}"
     assert world.backend_pods(lane)[0].metadata.uid == pod.metadata.uid
 
 
@@ -238,30 +248,32 @@ def test_metrics_and_health(world: World, operator: OperatorProcess) -> None:
 def test_a_model_serving_two_jobs_at_once_runs_two_on_one_pod(world: World, operator: OperatorProcess) -> None:
     lane = world.lane()
     llm = world.model("llm", maxConcurrency=1)
-    world.job("first", llm)
-    world.wait_phase("first", "Running")
-    # A live edit: the model now declares two parallel slots.
-    world.apply(
-        {
-            "apiVersion": "gpulane.io/v1alpha1",
-            "kind": "GpuModel",
-            "metadata": {"name": llm},
-            "spec": {
-                "image": "example.invalid/llm:1",
-                "maxConcurrency": 2,
-                "podAnnotations": {"gpulane.dev/kwok-ready-delay": "1s"},
-            },
-        }
-    )
-    world.job("second", llm)
-    world.job("third", llm)
-    second = world.wait_phase("second", "Running")
-    assert second["pod"] == world.status("first")["pod"]
-    world.wait_phase("third", "Pending")
-    time.sleep(1)
-    assert world.status("third")["phase"] == "Pending", "never more running jobs than the model allows"
-    world.complete("first")
-    assert world.wait_phase("third", "Running")["lane"] == lane
+    with phase_watch(world) as writes:
+        world.job("first", llm)
+        world.wait_phase("first", "Running")
+        # A live edit: the model now declares two parallel slots.
+        world.apply(
+            {
+                "apiVersion": "gpulane.io/v1alpha1",
+                "kind": "GpuModel",
+                "metadata": {"name": llm},
+                "spec": {
+                    "image": "example.invalid/llm:1",
+                    "maxConcurrency": 2,
+                    "podAnnotations": {"gpulane.dev/kwok-ready-delay": "1s"},
+                },
+            }
+        )
+        world.job("second", llm)
+        world.job("third", llm)
+        second = world.wait_phase("second", "Running")
+        assert second["pod"] == world.status("first")["pod"]
+        # Written once second had left the queue: the operator saw third with both slots taken, and kept it.
+        wait_until(lambda: world.status("third").get("position") == 1, what="third at the head of the queue")
+        world.complete("first")
+        assert world.wait_phase("third", "Running")["lane"] == lane
+        started = first_write(writes, "third", "Dispatching", "Running")
+        assert started > first_write(writes, "first", "Succeeded"), f"more jobs ran than the model allows: {writes}"
     assert len(world.backend_pods(lane)) == 1
 
 
@@ -316,8 +328,9 @@ def test_a_lane_whose_node_is_not_ready_waits_for_it(world: World, operator: Ope
     wait_until(lambda: _lane_ready(world, lane).get("reason") == "NodeUnavailable", what="the lane offline")
     assert f"node {node} is not Ready (KubeletNotReady)" in _lane_ready(world, lane)["message"]
     world.job("during", model)
-    world.wait_phase("during", "Pending")
-    time.sleep(2)
-    assert world.status("during")["phase"] == "Pending", "nothing is dispatched to a node that is down"
+    # The queue writer writes a job Pending only once the dispatcher has taken it in and kept it queued;
+    # no estimate means it found no lane online to run it.
+    queued = world.wait_phase("during", "Pending")
+    assert queued["position"] == 1 and "estimatedStart" not in queued, f"no lane should be online: {queued}"
     _set_ready(world, node, True)
     assert world.wait_phase("during", "Running")["lane"] == lane
