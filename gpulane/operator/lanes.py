@@ -130,7 +130,8 @@ class LaneRunner:
                 seconds = None if self.load_started is None else now - self.load_started
                 self.load_started = None
                 host.model_loaded(self.name, want, seconds)
-            await asyncio.gather(*(host.start_job(view, pod) for view in assigned))
+            # Afresh: the load just reported may have let the core dispatch more jobs here.
+            await asyncio.gather(*(host.start_job(v, pod) for v in host.jobs.on_lane(self.name, JobState.ASSIGNED)))
             return
         if not assigned:
             return  # not Ready, but nobody waits for it (a readiness blip of a loaded model)
