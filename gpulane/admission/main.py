@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import re
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+import uvloop
 import yaml
 
 from gpulane.admission.configuration import webhook_configurations
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     importlib.import_module("gpulane.admission.webhook")  # registers the handlers
 
     memo = kopf.Memo(kubeconfig=args.kubeconfig, webhook=serving)
-    asyncio.run(kopf.operator(clusterwide=True, standalone=True, memo=memo, liveness_endpoint=args.liveness))
+    uvloop.run(kopf.operator(clusterwide=True, standalone=True, memo=memo, liveness_endpoint=args.liveness))
     return 0
 
 

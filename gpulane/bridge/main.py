@@ -10,6 +10,7 @@ import signal
 import socket
 from pathlib import Path
 
+import uvloop
 from aiohttp import web
 
 from gpulane.bridge.app import Bridge, BridgeSettings
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         max_run_seconds=args.max_run_seconds,
         endpoints=dict(args.endpoint),
     )
-    asyncio.run(_serve(args, keys, settings))
+    uvloop.run(_serve(args, keys, settings))
     return 0
 
 

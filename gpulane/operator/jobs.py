@@ -129,6 +129,11 @@ class JobTable:
         views = self._on_lane.get(lane, {}).values()
         return [v for v in views if state is None or v.state == state]
 
+    def assigned(self) -> Iterator[JobView]:
+        """Jobs dispatched by the core and not yet Running, on any lane."""
+        for views in self._on_lane.values():
+            yield from (v for v in views.values() if v.state == JobState.ASSIGNED)
+
     def parked(self) -> Iterator[JobView]:
         for keys in list(self._parked.values()):
             for key in list(keys):

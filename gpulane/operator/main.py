@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import importlib
 import logging
 import os
 
 import kopf
+import uvloop
 
 from gpulane.admission.main import add_serving_arguments, serving_options
 from gpulane.operator.settings import Settings
@@ -68,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
         settings=settings,
         webhook=webhook,
     )
-    asyncio.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))
+    uvloop.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))
     return 0

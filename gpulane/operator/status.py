@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # Even with nothing new, estimates and scores drift as time passes: refresh them this often.
 REFRESH_SECONDS = 10.0
 CONCURRENT_WRITES = 8
+DISPATCH_POLL_SECONDS = 0.005
+DISPATCH_WAIT_SECONDS = 1.0
 
 # (job, the state it must still be in, the status to merge, what the writer remembers having written)
 Write = tuple[JobView, JobState, Body, tuple[Any, ...]]
@@ -105,7 +107,12 @@ class StatusWriter:
         sem = asyncio.Semaphore(CONCURRENT_WRITES)
 
         async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
-            async with sem, view.lock:
+            async with sem:
+                await self._after_dispatches()
+                await locked(view, state, status, written)
+
+        async def locked(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
+            async with view.lock:
                 if not host.jobs.holds(view, state):
                     return  # dispatched or gone since the pass began
                 try:
@@ -124,6 +131,18 @@ class StatusWriter:
             *(self._write_lane(name) for name in lanes if name in host.lanes),
             *(self._write_model(name) for name in models if name in host.observed.models),
         )
+
+    async def _after_dispatches(self) -> None:
+        """Positions wait while a job dispatched to a warm backend is not yet written Running: that write
+        is the one somebody waits for, and it must not queue behind a burst of position updates. Bounded,
+        so that a dispatch whose write keeps failing cannot hold the queue's status back."""
+        give_up = time.monotonic() + DISPATCH_WAIT_SECONDS
+        while time.monotonic() < give_up and self.dispatch_in_flight():
+            await asyncio.sleep(DISPATCH_POLL_SECONDS)
+
+    def dispatch_in_flight(self) -> bool:
+        pods = self.host.observed.pods
+        return any((pod := pods.get(v.lane or "")) is not None and pod.ready for v in self.host.jobs.assigned())
 
     def _queue_writes(self, now: float) -> list[Write]:
         host = self.host

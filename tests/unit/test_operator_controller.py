@@ -1138,3 +1138,28 @@ def test_a_story_with_dispatches_at_the_same_instant_on_two_lanes():
         assert [r["job"] for r in story["ranAhead"]] == [f"{NS}/a", f"{NS}/b"]
 
     asyncio.run(scenario())
+
+
+def test_queue_positions_wait_for_a_warm_dispatch_in_flight():
+    """The Running write of a job dispatched to a warm backend goes before a burst of position updates."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm("first")
+        for name in ("a", "b"):
+            w.submit(name)
+        await w.ctl.status.flush()
+        w.kube.update(f"gpujobs/{NS}/first", {"status": {"phase": "Succeeded", "finishedAt": format_time(T0)}})
+        w.ctl.job_event("MODIFIED", w.kube.job("first"))  # frees the lane: `a` is dispatched, not yet Running
+        assert w.ctl.status.dispatch_in_flight()
+        since = len(w.kube.calls)
+        flush = asyncio.create_task(w.ctl.status.flush())
+        await asyncio.sleep(0.05)
+        assert statuses(w.kube, since) == [], "no position was written while `a` waits for its Running write"
+        await w.reconcile()
+        await flush
+        written = statuses(w.kube, since)
+        assert written[0][0] == "a" and sets_phase("Running")(written[0][1])
+        assert written[-1][0] == "b" and written[-1][1]["status"]["position"] == 1
+
+    asyncio.run(scenario())
