@@ -739,6 +739,33 @@ def test_deadline_fails_a_running_job_with_a_tested_patch():
     asyncio.run(scenario())
 
 
+def test_a_failed_deadline_write_is_retried_by_the_next_tick():
+    """A 500, a 429 or a timeout on the operator's own outcome must not freeze the slot: the job is not left
+    marked as ending, so the next tick writes the outcome again and the lane is freed."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1", maxRunSeconds=60)
+        w.clock.now += 61
+
+        def overloaded(verb: str, target: str, body: Any) -> None:
+            w.kube.before_write = None  # once
+            raise RuntimeError("HTTP 429: the apiserver is overloaded")
+
+        w.kube.before_write = overloaded
+        w.ctl.tick()
+        with pytest.raises(RuntimeError):
+            await w.settle()
+        assert w.phase("j1") == "Running" and f"{NS}/j1" in w.ctl.jobs
+
+        await _one_tick(w)
+
+        assert w.phase("j1") == "Failed" and f"{NS}/j1" not in w.ctl.jobs
+        assert w.ctl.dispatcher.running == {}
+
+    asyncio.run(scenario())
+
+
 def test_deadline_loses_to_the_executors_outcome():
     async def scenario() -> None:
         w = World()
