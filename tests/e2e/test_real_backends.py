@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from .operator_support import BridgeProcess, OperatorProcess, World, pod_watch
-from .support import Cluster
+from .support import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -75,7 +75,12 @@ def test_calls_run_in_real_backend_pods_and_a_swap_replaces_the_pod(real: Real) 
     assert pod.metadata.annotations["gpulane.io/model"] == second
     assert pod.spec.node_name == "gpu-0"
     assert swap >= 2.0, "Ready waits for the real server's load"
-    learned = world.cluster_status("gpumodels", second)
+    # The model's status is the status writer's next pass, a moment after the answer.
+    learned = wait_until(
+        lambda: (status := world.cluster_status("gpumodels", second)).get("loads") and status,
+        timeout=30,
+        what=f"GpuModel {second}'s learned load time",
+    )
     assert learned["loadSeconds"] >= 2.0, learned
     print(f"swap on the real node, call to answer: {swap:.2f}s; learned load {learned['loadSeconds']:.2f}s")
 
