@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from gpulane.api.contract import EXECUTOR_LABEL, Body
 from gpulane.api.resources import GROUP, VERSION
@@ -36,6 +37,24 @@ class Conflict(Exception):
 
 # A call that takes longer is abandoned (TimeoutError): the caller's retry sees fresh state.
 REQUEST_TIMEOUT = 10.0
+
+
+def backoff(before_sleep: Callable[[RetryCallState], None], *, initial: float, max_backoff: float) -> AsyncRetrying:
+    """Retries of a read that must succeed sooner or later (a list at start, a watch's list): any error,
+    forever, waiting exponentially longer with jitter so that a down apiserver is not hammered."""
+    return AsyncRetrying(
+        wait=wait_exponential_jitter(multiplier=initial, max=max_backoff, jitter=initial),
+        retry=retry_if_exception_type(Exception),
+        before_sleep=before_sleep,
+    )
+
+
+def why(err: BaseException | None) -> str:
+    """An error in one line: its type, and its message when it has one (a TimeoutError has none)."""
+    if isinstance(err, ApiException):  # its str() is the whole response, headers and all
+        return f"HTTP {err.status} {err.reason}"
+    text = str(err).strip().splitlines()[0] if err is not None and str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 async def configuration(kubeconfig: str | None = None) -> client.Configuration:

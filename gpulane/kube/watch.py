@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes.aio import watch
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+from tenacity import RetryCallState
 
 from gpulane.api.contract import Body
 from gpulane.api.resources import GROUP, VERSION
-from gpulane.kube.client import Kube
+from gpulane.kube.client import Kube, backoff, why
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ Deliver = Callable[[str, Body], None]
 
 def _failed(state: RetryCallState) -> None:
     err = state.outcome.exception() if state.outcome else None
-    log.warning("listing GpuJobs failed (%s); retrying in %.1fs", err, state.upcoming_sleep)
+    log.warning("listing GpuJobs failed (%s); retrying in %.1fs", why(err), state.upcoming_sleep)
 
 
 async def watch_jobs(
@@ -39,11 +39,7 @@ async def watch_jobs(
 ) -> None:
     """Call ``deliver(event type, object)`` for every GpuJob (all namespaces when ``namespace`` is None)
     and every change to one, until cancelled. Each list is delivered as ADDED events."""
-    retrying = AsyncRetrying(
-        wait=wait_exponential_jitter(initial=0.5, max=max_backoff),
-        retry=retry_if_exception_type(Exception),
-        before_sleep=_failed,
-    )
+    retrying = backoff(_failed, initial=0.5, max_backoff=max_backoff)
     while True:  # a fresh streak of retries after each list that worked
         async for attempt in retrying.copy():
             with attempt:

@@ -32,10 +32,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330  # a watch the apiserver silently dropped is noticed and reopened
     settings.networking.request_timeout = 30
-    kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
-    ctl = Controller(kube, Settings(**memo.settings))
-    memo.controller = ctl
-    memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
+    # kopf retries a failed startup: what a previous attempt made (the controller, the bound port) is kept.
+    if memo.get("controller") is None:
+        kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
+        memo.controller = Controller(kube, Settings(**memo.settings))
+    ctl: Controller = memo.controller
+    if memo.get("health") is None:
+        memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
     await rebuild(ctl)
     ctl.start()
 

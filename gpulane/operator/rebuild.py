@@ -7,16 +7,18 @@ or Running are adopted: they hold their lane's capacity again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
+
+from tenacity import RetryCallState
 
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobAdopted, LaneUpdated, QueueServed
-from gpulane.kube.client import Gone, Kube
+from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import node_state
@@ -50,32 +52,76 @@ class Host(Protocol):
     def job_event(self, kind: str | None, body: Body) -> None: ...
 
 
-async def rebuild(ctl: Host) -> None:
-    kube, observed = ctl.kube, ctl.observed
-    with contextlib.suppress(Gone):
-        ctl.policy_event(None, await kube.get_cluster("gpupolicies", "default"))
-    for body in await kube.list_cluster("gpumodels"):
+@dataclass(frozen=True)
+class World:
+    """Everything the rebuild reads, read before anything is replayed: a failed read leaves no half-built
+    state behind, so the whole read can simply be tried again."""
+
+    policy: Body | None
+    models: list[Body]
+    leases: list[Body]
+    pods: list[Body]
+    nodes: list[Body]
+    lanes: list[Body]
+    jobs: list[Body]
+
+
+async def read_world(kube: Kube) -> World:
+    try:
+        policy: Body | None = await kube.get_cluster("gpupolicies", "default")
+    except Gone:
+        policy = None
+    return World(
+        policy=policy,
+        models=await kube.list_cluster("gpumodels"),
+        leases=await kube.list_leases(EXECUTOR_SELECTOR),
+        pods=await kube.list_pods(BACKEND_SELECTOR),
+        nodes=await kube.list_nodes(),
+        lanes=await kube.list_cluster("gpulanes"),
+        jobs=await kube.list_jobs(),
+    )
+
+
+def _unread(state: RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome else None
+    reason = why(err)
+    if isinstance(err, Gone):  # a 404 on a list: the kind itself is not served
+        reason = "gpulane's CRDs are not installed (`kubectl apply -f crds/`, or the chart)"
+    log.warning("cannot read the cluster's state (%s); not ready, retrying in %.1fs", reason, state.upcoming_sleep)
+
+
+async def rebuild(ctl: Host, *, max_backoff: float = 30.0) -> None:
+    """Read the cluster's state until a read succeeds, then replay it. Until then /readyz says not ready:
+    an apiserver that is starting (429 "storage is (re)initializing" right after a CRD is created), down,
+    or missing the CRDs delays the start; it does not fail it."""
+    async for attempt in backoff(_unread, initial=0.2, max_backoff=max_backoff):
+        with attempt:
+            world = await read_world(ctl.kube)
+    replay(ctl, world)
+
+
+def replay(ctl: Host, world: World) -> None:
+    observed = ctl.observed
+    if world.policy is not None:
+        ctl.policy_event(None, world.policy)
+    for body in world.models:
         ctl.model_event(None, body)
-    for body in await kube.list_leases(EXECUTOR_SELECTOR):
+    for body in world.leases:
         ctl.lease_event(None, body)
-    for body in await kube.list_pods(BACKEND_SELECTOR):
+    for body in world.pods:
         state = pod_state(body)
         if state is not None:
             observed.pods[state.lane] = state
-    for body in await kube.list_nodes():
+    for body in world.nodes:
         node = node_state(body)
         observed.nodes[node.name] = node
-    lanes = await kube.list_cluster("gpulanes")
-    for body in lanes:
+    for body in world.lanes:
         ctl.lane_event(None, body, online=False)
-    jobs = sorted(
-        await kube.list_jobs(),
-        key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)),
-    )
+    jobs = sorted(world.jobs, key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)))
     for body in jobs:
         if (body.get("status") or {}).get("phase") in ACTIVE_PHASES:
             ctl.job_event(None, body)
-    for member, priority, at in served_clocks(lanes, jobs):
+    for member, priority, at in served_clocks(world.lanes, jobs):
         ctl.apply(QueueServed(member, priority, at))
     for body in jobs:
         if (body.get("status") or {}).get("phase") not in ACTIVE_PHASES:

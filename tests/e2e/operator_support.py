@@ -64,7 +64,11 @@ class GpulaneProcess:
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([*argv, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
         log.close()
-        wait_until(self._ready, timeout=60, what=f"{self.name} ready on port {self.port}")
+        try:
+            wait_until(self._ready, timeout=60, what=f"{self.name} ready on port {self.port}")
+        except AssertionError as err:
+            err.add_note(f"{self.name}'s log ({self.log_path}):\n{self.log_tail()}")
+            raise
         return self
 
     def _ready(self) -> bool:

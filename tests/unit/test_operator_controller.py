@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import time
 from collections import Counter
 from typing import Any, NamedTuple
 
 import pytest
+from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import FINALIZER
 from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
@@ -1039,6 +1041,48 @@ def test_an_unparked_job_loses_its_model_not_found_status():
 # -- restarts: a running job the current policy would refuse -------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("failure", "logged"),
+    [
+        (ApiException(status=429, reason="storage is (re)initializing"), "429"),
+        (Gone("the server could not find the requested resource"), "CRDs are not installed"),
+        (TimeoutError(), "TimeoutError"),
+    ],
+)
+def test_a_rebuild_whose_reads_fail_retries_them_and_replays_once(
+    failure: Exception, logged: str, caplog: pytest.LogCaptureFixture
+):
+    """Right after a CRD is created the apiserver answers 429 for a while; kopf would retry the startup
+    only after 60 s. The rebuild retries its reads itself, and replays nothing until they all succeed."""
+
+    async def scenario() -> None:
+        w = World()
+        kube, ctl = w.kube, w.ctl
+        kube.put("gpumodels", {"metadata": {"name": "m"}, "spec": {"image": "m:v1"}})
+        kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {}})
+        kube.put("gpujobs", job_body("a", created=T0 - 100))
+        reads = kube.list_cluster
+        failures = 0
+
+        async def flaky(plural: str) -> list[Body]:
+            nonlocal failures
+            if plural == "gpujobs" and failures < 2:  # the last read fails: the earlier ones are read again
+                failures += 1
+                raise failure
+            return await reads(plural)
+
+        kube.list_cluster = flaky  # type: ignore[method-assign]
+        with caplog.at_level("WARNING", logger="gpulane.operator.rebuild"):
+            await rebuild(ctl, max_backoff=0.01)
+
+        assert failures == 2 and ctl.ready
+        assert len(kube.calls_of("list_cluster", "gpumodels")) == 3
+        assert [d.job.id for d in ctl.dispatcher.history] == [f"{NS}/a"], "replayed once"
+        assert sum(logged in r.getMessage() and "not ready" in r.getMessage() for r in caplog.records) == 2
+
+    asyncio.run(scenario())
+
+
 def test_rebuild_adopts_a_running_job_the_policy_now_refuses():
     async def scenario() -> None:
         w = World()
@@ -1180,8 +1224,20 @@ def test_queue_positions_wait_for_a_warm_dispatch_in_flight():
         w.ctl.job_event("MODIFIED", w.kube.job("first"))  # frees the lane: `a` is dispatched, not yet Running
         assert w.ctl.status.dispatch_in_flight()
         since = len(w.kube.calls)
+        asked = 0
+        in_flight = w.ctl.status.dispatch_in_flight
+
+        def counted() -> bool:
+            nonlocal asked
+            asked += 1
+            return in_flight()
+
+        w.ctl.status.dispatch_in_flight = counted  # type: ignore[method-assign]
         flush = asyncio.create_task(w.ctl.status.flush())
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while asked < 2:  # the writer looked, and looked again: it is waiting, not done
+            assert time.monotonic() < deadline, "the status writer never asked whether a dispatch is in flight"
+            await asyncio.sleep(0.001)
         assert statuses(w.kube, since) == [], "no position was written while `a` waits for its Running write"
         await w.reconcile()
         await flush
