@@ -10,22 +10,27 @@ writes the outcome, with a reference to the ConfigMap, through the executor's co
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
+from tenacity import RetryCallState
 
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.jobs import outcome_patch
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
 from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
 
-RESULT_KEY = "response.json"
+RESULT_KEY = "response.json"  # a text answer (JSON, as every OpenAI endpoint but audio answers)
+BINARY_KEY = "response.bin"  # any other answer, under binaryData
+# How long a finished job's uid is remembered: late watch events of it (still showing Running) are ignored.
+FORGET_AFTER_SECONDS = 600.0
 # A ConfigMap holds at most 1 MiB; leave room for its metadata.
 MAX_ANSWER_BYTES = 900 * 1024
 
@@ -66,15 +71,15 @@ class ManifestExecutor:
 
     def _seen(self, obj: Body) -> None:
         meta, status = obj["metadata"], obj.get("status") or {}
-        key = f"{meta['namespace']}/{meta['name']}"
         phase = status.get("phase")
         if phase in TERMINAL_PHASES or meta.get("deletionTimestamp"):
             return
         claimed = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
         if not claimed:
             self._spawn(self._claim(meta))
-        elif claimed == self._qualified() and phase == "Running" and key not in self._running:
-            self._running.add(key)
+        elif claimed == self._qualified() and phase == "Running" and meta["uid"] not in self._running:
+            # By uid: a job deleted and created again under its name is another job, and runs.
+            self._running.add(meta["uid"])
             self._spawn(self._run(obj))
 
     def _spawn(self, coro: Any) -> None:
@@ -89,29 +94,77 @@ class ManifestExecutor:
             await self.kube.patch_job(meta["namespace"], meta["name"], patch)
 
     async def _run(self, obj: Body) -> None:
+        meta = obj["metadata"]
+        try:
+            patch = await self._execute(obj)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # whatever went wrong, the job ends: a Running job with no outcome holds its lane
+            log.warning("executing %s/%s failed", meta["namespace"], meta["name"], exc_info=True)
+            patch = outcome_patch(False, f"the request failed: {why(err)}")
+        try:
+            await self._write_outcome(meta["namespace"], meta["name"], patch)
+        finally:
+            # Its outcome is written (or the job is gone): a later Running event of this uid is stale.
+            # The uid stays known for as long as events of it may still arrive, then is dropped.
+            self._forget_later(meta["uid"])
+
+    def _forget_later(self, uid: str) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(FORGET_AFTER_SECONDS, self._running.discard, uid)
+
+    async def _execute(self, obj: Body) -> list[Body]:
         meta, spec, status = obj["metadata"], obj["spec"], obj.get("status") or {}
         namespace, name = meta["namespace"], meta["name"]
         request = spec["request"]
         base = self.endpoints.get(spec["model"]) or status.get("endpoint")
+        if not base or self.session is None:
+            return outcome_patch(False, "the job runs without an endpoint")
+        async with self.session.post(base.rstrip("/") + request["path"], json=request.get("body") or {}) as resp:
+            answer = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                answer += chunk
+                if len(answer) > self.max_answer_bytes:
+                    return outcome_patch(
+                        False, f"the answer is over the limit of {self.max_answer_bytes} bytes; it was not stored"
+                    )
+            upstream, content_type = resp.status, resp.content_type
+        key, stored = answer_entry(bytes(answer))
+        config_map = f"{name}-result"
+        manifest = {
+            "metadata": {"name": config_map, "ownerReferences": [{
+                "apiVersion": API_VERSION, "kind": "GpuJob", "name": name, "uid": meta["uid"]}]},
+            **stored,
+        }  # fmt: skip
         try:
-            if not base or self.session is None:
-                raise RuntimeError("the job runs without an endpoint")
-            async with self.session.post(base.rstrip("/") + request["path"], json=request.get("body") or {}) as resp:
-                answer = await resp.content.read(self.max_answer_bytes + 1)
-                upstream = resp.status
-            if len(answer) > self.max_answer_bytes:
-                raise RuntimeError(f"the answer is over the limit of {self.max_answer_bytes} bytes; it was not stored")
-            config_map = f"{name}-result"
-            await self.kube.create_config_map(namespace, {
-                "metadata": {"name": config_map, "ownerReferences": [{
-                    "apiVersion": API_VERSION, "kind": "GpuJob", "name": name, "uid": meta["uid"]}]},
-                "data": {RESULT_KEY: answer.decode(errors="replace")},
-            })  # fmt: skip
-            result = {"configMap": config_map, "key": RESULT_KEY, "status": upstream}
-            ok = upstream < 400
-            patch = outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
-        except (TimeoutError, OSError, RuntimeError, Conflict) as err:
-            patch = outcome_patch(False, f"the request failed: {err}")
-        with contextlib.suppress(Conflict, Gone):
-            await self.kube.patch_job_status(namespace, name, patch)
+            await self.kube.create_config_map(namespace, manifest)
+        except Conflict:  # left by an earlier job of this name, not yet collected: this job's answer replaces it
+            await self.kube.replace_config_map(namespace, manifest)
+        result = {"configMap": config_map, "key": key, "status": upstream, "contentType": content_type}
+        ok = upstream < 400
+        return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
+
+    async def _write_outcome(self, namespace: str, name: str, patch: list[Body]) -> None:
+        """Written until it lands: a 429, a 500 or a timeout is retried. A Conflict (the job is no longer
+        Running: the operator's deadline, or a cancel, ended it first) or Gone means someone else ended it."""
+        async for attempt in backoff(_unwritten, initial=0.2, max_backoff=10.0):
+            with attempt:
+                try:
+                    await self.kube.patch_job_status(namespace, name, patch)
+                except (Conflict, Gone):
+                    return
         log.info("executed %s/%s: %s", namespace, name, json.dumps(patch[1]["value"]))
+
+
+def answer_entry(answer: bytes) -> tuple[str, Body]:
+    """Where an answer goes in its ConfigMap: text under ``data``, anything else (audio, images) base64
+    under ``binaryData``, so that the bytes read back are the bytes the backend sent."""
+    try:
+        return RESULT_KEY, {"data": {RESULT_KEY: answer.decode("utf-8")}}
+    except UnicodeDecodeError:
+        return BINARY_KEY, {"binaryData": {BINARY_KEY: base64.b64encode(answer).decode("ascii")}}
+
+
+def _unwritten(state: RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome else None
+    log.warning("writing an executor outcome failed (%s); retrying in %.1fs", why(err), state.upcoming_sleep)

@@ -1,0 +1,230 @@
+"""The manifest executor (gpulane/bridge/executor.py) against a real HTTP backend on 127.0.0.1 and an
+in-memory Kube: every run ends in an outcome, and the answer stored is the answer sent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import ClientSession, web
+from kubernetes.aio.client.exceptions import ApiException
+
+from gpulane.api.contract import EXECUTOR_LEASE
+from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY, ManifestExecutor
+from gpulane.kube.client import Conflict
+
+Body = dict[str, Any]
+NS = "team-a"
+LEASE = "gpulane-bridge-r1"
+
+
+class FakeKube:
+    namespace = "gpulane-system"
+
+    def __init__(self) -> None:
+        self.config_maps: dict[str, Body] = {}
+        self.outcomes: list[tuple[str, list[Body]]] = []
+        self.status_attempts = 0
+        self.fail_status: list[Exception] = []  # raised by the next status patches, in order
+        self.fail_config_map: Exception | None = None
+
+    async def create_config_map(self, namespace: str, manifest: Body) -> None:
+        if self.fail_config_map is not None:
+            raise self.fail_config_map
+        name = manifest["metadata"]["name"]
+        if f"{namespace}/{name}" in self.config_maps:
+            raise Conflict("configmaps already exists")
+        self.config_maps[f"{namespace}/{name}"] = manifest
+
+    async def replace_config_map(self, namespace: str, manifest: Body) -> None:
+        self.config_maps[f"{namespace}/{manifest['metadata']['name']}"] = manifest
+
+    async def patch_job_status(self, namespace: str, name: str, patch: list[Body]) -> Body:
+        self.status_attempts += 1
+        if self.fail_status:
+            raise self.fail_status.pop(0)
+        self.outcomes.append((f"{namespace}/{name}", patch))
+        return {}
+
+
+def running_job(name: str, uid: str, endpoint: str, path: str = "/v1/answer") -> Body:
+    return {
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": "7",
+                     "annotations": {EXECUTOR_LEASE: f"{FakeKube.namespace}/{LEASE}"}},
+        "spec": {"model": "m", "request": {"path": path, "body": {"prompt": "hi"}}},
+        "status": {"phase": "Running", "endpoint": endpoint},
+    }  # fmt: skip
+
+
+def outcome(patch: list[Body]) -> dict[str, Any]:
+    """The JSON patch's added fields as a dict: phase, reason, message, result."""
+    return {op["path"].removeprefix("/status/"): op["value"] for op in patch if op["op"] != "test"}
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def backend(handler: Handler) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_post("/v1/answer", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def execute(handler: Handler, kube: FakeKube, *jobs: tuple[str, str], max_bytes: int = 900 * 1024) -> None:
+    """Runs each (name, uid) as a Running job claimed by this executor until its outcome is written."""
+    async with backend(handler) as url:
+        ex = ManifestExecutor(kube, LEASE, {}, max_answer_bytes=max_bytes)  # type: ignore[arg-type]
+        ex.session = ClientSession()
+        try:
+            for done, (name, uid) in enumerate(jobs, start=1):
+                ex._seen(running_job(name, uid, url))
+                await until(functools.partial(lambda n: len(kube.outcomes) >= n, done), f"the outcome of {name}")
+        finally:
+            await ex.stop()
+
+
+def test_a_large_answer_sent_in_many_chunks_is_stored_whole():
+    answer = json.dumps({"text": "x" * 600_000}).encode()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await resp.prepare(request)
+        for i in range(0, len(answer), 4096):
+            await resp.write(answer[i : i + 4096])
+            await asyncio.sleep(0.0005)  # the client sees the answer arrive in pieces
+        await resp.write_eof()
+        return resp
+
+    kube = FakeKube()
+    asyncio.run(execute(slow, kube, ("big", "uid-1")))
+
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Succeeded"
+    stored = kube.config_maps[f"{NS}/big-result"]["data"][RESULT_KEY]
+    assert stored.encode() == answer
+
+
+def test_a_binary_answer_is_stored_byte_for_byte_as_binary_data():
+    audio = bytes(range(256)) * 40  # not UTF-8
+
+    async def wav(_: web.Request) -> web.Response:
+        return web.Response(body=audio, content_type="audio/wav")
+
+    kube = FakeKube()
+    asyncio.run(execute(wav, kube, ("speech", "uid-1")))
+
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Succeeded"
+    assert done["result"]["key"] == BINARY_KEY and done["result"]["contentType"] == "audio/wav"
+    stored = kube.config_maps[f"{NS}/speech-result"]
+    assert "data" not in stored
+    assert base64.b64decode(stored["binaryData"][BINARY_KEY]) == audio
+
+
+async def ok(_: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+def test_an_api_error_storing_the_answer_still_fails_the_job():
+    kube = FakeKube()
+    kube.fail_config_map = ApiException(status=403, reason="Forbidden")
+    asyncio.run(execute(ok, kube, ("denied", "uid-1")))
+
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Failed" and "403" in done["message"]
+
+
+def test_a_backend_that_drops_the_connection_mid_answer_fails_the_job():
+    async def dropped(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Length": "100000"})
+        await resp.prepare(request)
+        await resp.write(b"{" * 100)
+        assert request.transport is not None
+        request.transport.close()  # the backend died mid-answer
+        return resp
+
+    kube = FakeKube()
+    asyncio.run(execute(dropped, kube, ("cut", "uid-1")))
+
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Failed" and "the request failed" in done["message"]
+    assert kube.config_maps == {}
+
+
+def test_an_answer_over_the_limit_fails_the_job_and_stores_nothing():
+    async def big(_: web.Request) -> web.Response:
+        return web.Response(body=b"x" * 5000)
+
+    kube = FakeKube()
+    asyncio.run(execute(big, kube, ("huge", "uid-1"), max_bytes=1000))
+
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Failed" and "over the limit of 1000 bytes" in done["message"]
+    assert kube.config_maps == {}
+
+
+def test_a_job_created_again_under_the_same_name_runs_again():
+    calls = 0
+
+    async def counting(_: web.Request) -> web.Response:
+        nonlocal calls
+        calls += 1
+        return web.json_response({"call": calls})
+
+    kube = FakeKube()
+    asyncio.run(execute(counting, kube, ("same", "uid-1"), ("same", "uid-2")))
+
+    assert calls == 2
+    assert [outcome(p)["phase"] for _, p in kube.outcomes] == ["Succeeded", "Succeeded"]
+    assert json.loads(kube.config_maps[f"{NS}/same-result"]["data"][RESULT_KEY]) == {"call": 2}
+    assert kube.config_maps[f"{NS}/same-result"]["metadata"]["ownerReferences"][0]["uid"] == "uid-2"
+
+
+def test_a_late_running_event_of_a_finished_job_does_not_send_its_request_again():
+    async def scenario() -> None:
+        async with backend(ok) as url:
+            kube = FakeKube()
+            ex = ManifestExecutor(kube, LEASE, {})  # type: ignore[arg-type]
+            ex.session = ClientSession()
+            job = running_job("once", "uid-1", url)
+            ex._seen(job)
+            await until(lambda: len(kube.outcomes) == 1, "the outcome")
+            await until(lambda: not ex._tasks, "the run to finish")
+            ex._seen(job)  # the watch delivers an event from before the outcome was written
+            assert not ex._tasks, "the stale Running event started the job again"
+            await ex.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("transient", [ApiException(status=500, reason="Internal"), TimeoutError()])
+def test_a_transient_error_writing_the_outcome_is_retried_until_it_lands(transient: Exception):
+    kube = FakeKube()
+    kube.fail_status = [transient, transient]
+    asyncio.run(execute(ok, kube, ("flaky", "uid-1")))
+
+    assert kube.status_attempts == 3
+    assert outcome(kube.outcomes[0][1])["phase"] == "Succeeded"
