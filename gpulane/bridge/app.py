@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
@@ -26,6 +26,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from gpulane.bridge.calls import Call, CallError, read_call
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
+from gpulane.kube.client import why
 
 log = logging.getLogger(__name__)
 
@@ -244,15 +245,17 @@ class Bridge:
                     return await self._fail(
                         response, CallError(upstream.status, f"{failed}: {text}", kind="server_error")
                     )
+                tail = b""  # the stream's last bytes: `[DONE]` may arrive split over two chunks
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
                     # A client may hang up as soon as it has the end of an event stream.
-                    outcome.answered = chunk.endswith(SSE_DONE)
+                    tail = (tail + chunk)[-len(SSE_DONE) :]
+                    outcome.answered = tail == SSE_DONE
                 outcome.answered = True
                 ok = upstream.status < 400
-        except (TimeoutError, OSError) as err:
-            await self._finish(outcome, name, False, f"the backend failed: {err}")
-            return await self._fail(response, CallError(502, f"the backend failed: {err}", kind="server_error"))
+        except (TimeoutError, OSError, ClientError) as err:  # ClientError: a disconnect, a cut-short body
+            await self._finish(outcome, name, False, f"the backend failed: {why(err)}")
+            return await self._fail(response, CallError(502, f"the backend failed: {why(err)}", kind="server_error"))
         self.metrics.upstream.observe(time.monotonic() - started)
         self.metrics.calls.labels(str(response.status)).inc()
         with contextlib.suppress(ConnectionError):
