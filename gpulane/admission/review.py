@@ -76,23 +76,31 @@ def mutate_job(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPoli
         out.warnings.append(
             f"priority {priority} capped to {granted.cap} for user {caller.username} (rule: {granted.cap_rule})"
         )
-    member = spec.get("member")
-    if member is None:
+    if spec.get("member") is None:
         out.spec["member"] = caller.username
-    elif member != caller.username and not granted.trusted:
+    if spec.get("tier") is None:
+        out.spec["tier"] = granted.tier
+    _check_identity({**spec, **out.spec}, caller, granted)
+    return out
+
+
+def _check_identity(spec: Mapping[str, Any], caller: Caller, granted: Grant) -> None:
+    """Member and tier are the caller's own unless the caller is trusted. Checked by the mutating webhook
+    and again by the validating one: a mutation that did not run (or another webhook's, after ours)
+    must not let a job in as someone else or in a better tier."""
+    if granted.trusted:
+        return
+    member, tier = spec.get("member"), spec.get("tier")
+    if member is not None and member != caller.username:
         raise Refused(
             f"user {caller.username} may not submit as member {_text(member)!r}: only identities in the "
             "policy's admission.trusted may set spec.member"
         )
-    tier = spec.get("tier")
-    if tier is None:
-        out.spec["tier"] = granted.tier
-    elif tier != granted.tier and not granted.trusted:
+    if tier is not None and tier != granted.tier:
         raise Refused(
             f"user {caller.username} may not choose tier {_text(tier)!r}: their tier is {granted.tier!r} "
             f"(rule: {granted.tier_rule}); only identities in the policy's admission.trusted may set spec.tier"
         )
-    return out
 
 
 def validate_job(
@@ -106,6 +114,10 @@ def validate_job(
     """On create and update: a well-formed spec, a known model and tier, a priority within the cap,
     and no change to the queue fields once dispatched or by callers not trusted to make it."""
     raw_spec = new.get("spec") or {}
+    if old is not None and raw_spec == (old.get("spec") or {}):
+        # The operator's finalizer patches, labels, annotations: nothing admission decides changed. Checking
+        # them would let a policy change (a tier removed) block the removal of a finalizer.
+        return
     try:
         spec = GpuJobSpec.model_validate(raw_spec)
     except ValidationError as err:
@@ -124,7 +136,9 @@ def validate_job(
             raise Refused(str(err)) from None
     if spec.request is not None:
         _check_request(spec.request.path, spec.request.body)
-    if old is not None:
+    if old is None:
+        _check_identity(raw_spec, caller, granted)
+    else:
         old_spec = _mapping(old.get("spec"))
         if spec.priority != old_spec.get("priority") and _priority(spec.priority) > granted.cap:
             raise Refused(_over_cap(_priority(spec.priority), caller, granted))

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 
 USERS_GROUP = "gpulane-e2e-submitters"
 BRIDGE = "bridge"
+HOLD = "gpulane.io/e2e-hold"  # a finalizer of the test's own
 
 
 @contextlib.contextmanager
@@ -179,6 +180,24 @@ def test_with_the_webhook_down_no_job_gets_in(world: World, admission: WebhookPr
     assert proc.returncode != 0 and "failed calling webhook" in proc.stderr
     listed = world.cluster.kubectl("get", "gpujobs", "-n", world.namespace, "-o", "json")
     assert json.loads(listed.stdout)["items"] == []
+
+
+def test_with_the_webhook_down_a_job_can_still_be_deleted(world: World, admission: WebhookProcess) -> None:
+    """Removing a finalizer (as the operator does when a job is deleted) leaves the spec alone: the apiserver
+    does not call the webhook for it (matchConditions), so it works while the webhook is down. A spec
+    change does not."""
+    policy(world)
+    doc = world.job_doc("kept", world.name("sdxl"))
+    doc["metadata"]["finalizers"] = [HOLD]
+    world.cluster.kubectl("apply", "-f", "-", *ALICE, input=yaml.safe_dump(doc))
+    admission.stop()
+    kept = ("gpujob", "kept", "-n", world.namespace)
+    spec_change = ("--type=merge", "-p", '{"spec":{"priority":-5}}')
+    changed = world.cluster.kubectl("patch", *kept, *ALICE, *spec_change, check=False)
+    assert changed.returncode != 0 and "failed calling webhook" in changed.stderr
+    world.cluster.kubectl("delete", *kept, "--wait=false")
+    world.cluster.kubectl("patch", *kept, *ALICE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
+    wait_until(lambda: world.jobs() == [], what="the job deleted")
 
 
 def test_the_operator_can_host_the_webhook(

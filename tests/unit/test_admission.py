@@ -412,6 +412,35 @@ def test_validate_refuses_an_unknown_model_on_create_only() -> None:
     validate(job(), old_job("Pending"), model_known=False)
 
 
+def test_an_update_that_leaves_the_spec_alone_passes_whatever_the_policy_now_says() -> None:
+    """The operator's finalizer patch on a job whose tier the policy has since removed (issue 16, item 7)."""
+    stored = old_job("Running", tier="gold", priority=900)
+    patched = {**stored, "metadata": {"finalizers": []}}
+    validate(patched, stored)  # gold is no tier of POLICY, and 900 is over alice's cap: neither matters here
+    assert "unknown tier 'gold'" in refusal(validate, {**patched, "spec": {**stored["spec"], "priority": 5}}, stored)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"member": "bob"}, "user alice may not submit as member 'bob'"),
+        ({"tier": "max"}, "user alice may not choose tier 'max': their tier is 'free'"),
+    ],
+)
+def test_validate_refuses_another_member_or_tier_on_create_as_the_mutation_does(
+    spec: dict[str, Any], message: str
+) -> None:
+    """The validating webhook does not rely on the mutating one having run (issue 16, item 9)."""
+    assert message in refusal(validate, job(**spec))
+    assert message in refusal(mutate_job, job(**spec)["spec"], ALICE, admission(), POLICY)
+    trusted = admission(trusted={"users": ["alice"]})
+    validate(job(**spec), None, ALICE, trusted)
+
+
+def test_validate_lets_a_create_without_member_and_tier_through() -> None:
+    validate({"spec": {"model": "llama", "priority": 0}})
+
+
 @pytest.mark.parametrize("priority", [1, "interactive", "5000", 2**63])
 def test_validate_refuses_an_over_cap_priority_on_create(priority: object) -> None:
     message = refusal(validate, job(priority=priority))
@@ -434,7 +463,7 @@ def test_validate_refuses_an_unparseable_priority_on_create() -> None:
 
 def test_validate_refuses_an_unknown_tier() -> None:
     assert refusal(validate, job(tier="gold")) == "unknown tier 'gold'; this policy knows free, max, pro"
-    assert refusal(validate, job(tier="gold"), old_job("Pending", tier="gold")) == (
+    assert refusal(validate, job(tier="gold"), old_job("Pending", tier="gold", priority=-1)) == (
         "unknown tier 'gold'; this policy knows free, max, pro"
     )
 
@@ -671,6 +700,10 @@ def test_webhook_configurations_rules_and_failure_policy() -> None:
         }
     ]
     assert rules["gpujob-validate.gpulane.io"][0]["operations"] == ["CREATE", "UPDATE"]
+    conditions = {name: hook.get("matchConditions") for name, hook in by_name.items()}
+    assert conditions["gpujob-validate.gpulane.io"] == [
+        {"name": "spec-changed", "expression": "request.operation != 'UPDATE' || object.spec != oldObject.spec"}
+    ]
     assert rules["gpupolicy-validate.gpulane.io"][0]["resources"] == ["gpupolicies"]
     assert rules["gpupolicy-validate.gpulane.io"][0]["scope"] == "Cluster"
 
@@ -927,13 +960,20 @@ def test_validate_job_accepts_or_refuses_readably(
         event("refused on " + ("create" if old is None else "update"))
         assert_readable(str(err), new, old, caller)
         return
+    if old is not None and (new.get("spec") or {}) == (old.get("spec") or {}):
+        event("accepted on update: spec unchanged")  # finalizers, labels: admission has nothing to decide
+        return
     event("accepted on " + ("create" if old is None else "update"))
     spec = new["spec"]  # accepted: a well-formed spec
     assert isinstance(spec, dict)
     assert isinstance(spec["model"], str)
     if old is None:
+        granted = grant(caller, adm, policy)
         assert model_known
-        assert resolve_priority(spec.get("priority", 0)) <= grant(caller, adm, policy).cap
+        assert resolve_priority(spec.get("priority", 0)) <= granted.cap
+        if not granted.trusted:  # the caller's own member and tier, or none (the mutation did not run)
+            assert spec.get("member") in (None, caller.username)
+            assert spec.get("tier") in (None, granted.tier)
     if spec.get("tier") is not None:
         assert spec["tier"] in policy.tier_bonus
     if old is not None:
