@@ -148,7 +148,7 @@ class Controller:
         phase = status.get("phase")
         finalizers = list(meta.get("finalizers") or [])
         if view is not None:
-            view.finalizers = finalizers
+            view.observe(meta)
         if phase in TERMINAL_PHASES or (view is None and meta.get("deletionTimestamp")):
             if view is not None and view.active:
                 self._executor_finished(view, status)

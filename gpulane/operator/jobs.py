@@ -70,6 +70,12 @@ class JobView:
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
         }
 
+    def observe(self, meta: Body) -> None:
+        """What a later event of the job tells: its finalizers, and who runs it (the bridge claims jobs
+        applied with kubectl after they are first seen)."""
+        self.finalizers = list(meta.get("finalizers") or [])
+        self.executor_lease = lease_of(meta)
+
     @classmethod
     def of(cls, body: Body, job: Job) -> JobView:
         meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}

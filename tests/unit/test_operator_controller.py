@@ -1134,6 +1134,31 @@ def test_a_job_whose_executor_lease_expires_fails_with_data_plane_lost():
     asyncio.run(scenario())
 
 
+def test_an_executor_that_claims_a_job_after_it_was_seen_is_still_watched():
+    """The bridge claims a kubectl job (spec.request) after the operator first saw it (issue 16, item 2)."""
+
+    async def scenario() -> None:
+        w = World()
+        lease = {"metadata": {"name": "bridge-a", "namespace": NS},
+                 "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 10}}  # fmt: skip
+        w.ctl.lease_event("ADDED", lease)
+        await w.warm()
+        w.submit("kubectl-job")  # seen without an executor
+        claimed = w.kube.update(
+            f"gpujobs/{NS}/kubectl-job", {"metadata": {"annotations": {"gpulane.io/executor-lease": "bridge-a"}}}
+        )
+        w.ctl.job_event("MODIFIED", claimed)
+        await w.reconcile()
+        assert w.phase("kubectl-job") == "Running"
+
+        w.clock.now += 14  # the bridge died with the job: its Lease ran out 4 s ago
+        await _one_tick(w)
+        job = w.kube.job("kubectl-job")
+        assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "DataPlaneLost")
+
+    asyncio.run(scenario())
+
+
 def test_a_deleted_executor_lease_fails_its_jobs_at_once():
     async def scenario() -> None:
         w = World()
