@@ -16,6 +16,7 @@ from gpulane.admission.rules import Caller, Grant, grant
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.contract import REQUESTED_PRIORITY
 from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
+from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority, shown
 from gpulane.core.validation import describe
@@ -60,9 +61,13 @@ def _over_cap(priority: int, caller: Caller, granted: Grant) -> str:
     return f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
 
 
-def mutate_job(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPolicy, policy: Policy) -> Mutation:
-    """On create: resolve the priority, cap it, and set member and tier from the caller's identity."""
+def mutate_job(
+    spec: Mapping[str, Any], caller: Caller, admission: AdmissionPolicy, policy: Policy, limits: RunLimits | None = None
+) -> Mutation:
+    """On create: resolve the priority, cap it, set member and tier from the caller's identity, and give
+    the job a run limit within the policy's (``RunLimits()`` when no GpuPolicy sets them)."""
     out = Mutation()
+    _limit_run(spec, out, admission, limits or RunLimits())
     granted = grant(caller, admission, policy)
     raw = spec.get("priority", 0)
     priority = _priority(raw)
@@ -82,6 +87,23 @@ def mutate_job(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPoli
         out.spec["tier"] = granted.tier
     _check_identity({**spec, **out.spec}, caller, granted)
     return out
+
+
+def _limit_run(spec: Mapping[str, Any], out: Mutation, admission: AdmissionPolicy, limits: RunLimits) -> None:
+    run = spec.get("maxRunSeconds")
+    if run is None:
+        out.spec["maxRunSeconds"] = limits.default_seconds
+    elif type(run) is int and run > limits.max_seconds:  # anything else is the schema's to refuse
+        if admission.mode == "reject":
+            raise Refused(_over_limit(run, limits))
+        out.spec["maxRunSeconds"] = limits.max_seconds
+        out.warnings.append(
+            f"maxRunSeconds {run} capped to {limits.max_seconds} (the GpuPolicy's runLimits.maxSeconds)"
+        )
+
+
+def _over_limit(run: int, limits: RunLimits) -> str:
+    return f"maxRunSeconds {run} is above the GpuPolicy's runLimits.maxSeconds {limits.max_seconds}"
 
 
 def _check_identity(spec: Mapping[str, Any], caller: Caller, granted: Grant) -> None:
@@ -110,6 +132,7 @@ def validate_job(
     admission: AdmissionPolicy,
     policy: Policy,
     model_known: bool,
+    limits: RunLimits | None = None,
 ) -> None:
     """On create and update: a well-formed spec, a known model and tier, a priority within the cap,
     and no change to the queue fields once dispatched or by callers not trusted to make it."""
@@ -136,6 +159,13 @@ def validate_job(
             raise Refused(str(err)) from None
     if spec.request is not None:
         _check_request(spec.request.path, spec.request.body)
+    run, limits = spec.max_run_seconds, limits or RunLimits()
+    if (
+        run is not None
+        and run > limits.max_seconds
+        and (old is None or run != _mapping(old.get("spec")).get("maxRunSeconds"))
+    ):
+        raise Refused(_over_limit(run, limits))
     if old is None:
         _check_identity(raw_spec, caller, granted)
     else:

@@ -19,6 +19,7 @@ from gpulane.admission.review import Refused, mutate_job, validate_job, validate
 from gpulane.admission.rules import Caller
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
+from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
 from gpulane.kube.client import Gone, Kube
 from gpulane.kube.login import credentials
@@ -36,6 +37,7 @@ class AdmissionState:
         self.kube = kube
         self.policy = Policy()
         self.admission = AdmissionPolicy()
+        self.run_limits = RunLimits()
         self.models: set[str] = set()
 
     def use_policy(self, spec: dict[str, Any] | None) -> None:
@@ -45,7 +47,7 @@ class AdmissionState:
         except ValueError as err:  # refused by the validating webhook; kept out of the cache too
             log.error("ignoring an invalid GpuPolicy: %s", err)
             return
-        self.policy, self.admission = parsed.scoring(), parsed.admission
+        self.policy, self.admission, self.run_limits = parsed.scoring(), parsed.admission, parsed.run_limits
 
     async def load(self) -> None:
         with contextlib.suppress(Gone):
@@ -115,7 +117,7 @@ async def default_job(
 ) -> None:
     state = _state(memo)
     try:
-        mutation = mutate_job(dict(spec), _caller(userinfo, body), state.admission, state.policy)
+        mutation = mutate_job(dict(spec), _caller(userinfo, body), state.admission, state.policy, state.run_limits)
     except Refused as err:
         raise kopf.AdmissionError(str(err), code=403) from None
     for key, value in mutation.spec.items():
@@ -133,9 +135,9 @@ async def validate_gpujob(body: kopf.Body, userinfo: kopf.UserInfo, memo: Any, *
     model = (new.get("spec") or {}).get("model")
     known = isinstance(model, str) and await state.model_known(model)
     try:
-        validate_job(
-            new, None if old is None else dict(old), _caller(userinfo, body), state.admission, state.policy, known
-        )
+        previous = None if old is None else dict(old)
+        caller = _caller(userinfo, body)
+        validate_job(new, previous, caller, state.admission, state.policy, known, state.run_limits)
     except Refused as err:
         raise kopf.AdmissionError(str(err), code=403) from None
 

@@ -13,6 +13,7 @@ from pydantic import Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
 from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
 from gpulane.core.policy import CamelModel, Policy
 
 GROUP = "gpulane.io"
@@ -21,8 +22,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 # A Kubernetes object name (DNS-1123 subdomain), because a job's model names a GpuModel object.
 OBJECT_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-# Longer than any GPU job should run; a larger value is a typo.
-MAX_RUN_SECONDS = 7 * 86400
 
 # Absolute bounds, kept by the apiserver itself even without the webhook; policies bound further.
 PRIORITY_LIMIT = 1_000_000
@@ -234,6 +233,7 @@ class GpuPolicySpec(Policy):
     """
 
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    run_limits: RunLimits = Field(default_factory=RunLimits)
 
     @model_validator(mode="after")
     def _admission_fits(self) -> GpuPolicySpec:
@@ -241,8 +241,8 @@ class GpuPolicySpec(Policy):
         return self
 
     def scoring(self) -> Policy:
-        """The core's policy: every field but ``admission``."""
-        return Policy.model_validate(self.model_dump(by_alias=True, exclude={"admission"}))
+        """The core's policy: every field but ``admission`` and ``runLimits``."""
+        return Policy.model_validate(self.model_dump(by_alias=True, exclude={"admission", "run_limits"}))
 
 
 class GpuPolicyStatus(CamelModel):

@@ -109,7 +109,7 @@ class Controller:
         """One pass: active jobs past a deadline end (``deadlines``), and every lane looks at its load again."""
         now = self.clock()
         for view in self.jobs:
-            if view.active and not view.ending and (why := overdue(view, now, self.observed.leases)) is not None:
+            if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
         for lane in self.lanes.values():
             lane.kick()

@@ -10,8 +10,10 @@ from typing import Any, Protocol
 from gpulane.admission.review import Refused, validate_policy
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuPolicyStatus
+from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
 from gpulane.operator.job_writes import JobWrites
+from gpulane.operator.observed import Observed
 from gpulane.operator.translate import condition, merge_condition
 
 log = logging.getLogger(__name__)
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 class Host(Protocol):
     clock: Callable[[], float]
     writes: JobWrites
+    observed: Observed
     policy_generation: int | None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
@@ -30,6 +33,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
     meta = body["metadata"]
     if kind == "DELETED":
         host.use_policy(Policy())
+        host.observed.run_limits = RunLimits()
         host.policy_generation = None
         return
     generation = meta.get("generation")
@@ -44,6 +48,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         cond = condition("Accepted", False, "InvalidPolicy", message, now, generation)
     else:
         host.use_policy(parsed.scoring())
+        host.observed.run_limits = parsed.run_limits
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
     host.policy_generation = generation
     conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)

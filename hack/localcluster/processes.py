@@ -105,19 +105,31 @@ def port_owner(port: int) -> str:
     return out.stdout.strip()
 
 
-def check_port_free(port: int, component: str, address: str = "127.0.0.1") -> None:
+def _bind_error(port: int, address: str) -> OSError | None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((address, port))
         except OSError as exc:
-            owner = port_owner(port)
-            raise ClusterError(
-                f"port {port} on {address} (for {component}) is already in use ({exc.strerror})"
-                + (f"; held by: {owner}" if owner else "")
-                + ". Stop whatever holds it, or choose other ports with GPULANE_CLUSTER_PORT_BASE"
-                + " (default 16000)."
-            ) from None
+            return exc
+    return None
+
+
+def check_port_free(port: int, component: str, address: str = "127.0.0.1", settle: float = 10.0) -> None:
+    """Fails naming the port's holder. A port held by no process is waited for (up to ``settle`` s): a
+    killed multi-threaded process shows as a zombie while its other threads still hold its sockets."""
+    deadline = time.monotonic() + settle
+    while (exc := _bind_error(port, address)) is not None:
+        owner = port_owner(port)
+        if "users:" not in owner and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        raise ClusterError(
+            f"port {port} on {address} (for {component}) is already in use ({exc.strerror})"
+            + (f"; held by: {owner}" if owner else "")
+            + ". Stop whatever holds it, or choose other ports with GPULANE_CLUSTER_PORT_BASE"
+            + " (default 16000)."
+        )
 
 
 def identity(pid: int) -> str | None:

@@ -26,6 +26,7 @@ from gpulane.admission.review import (
 )
 from gpulane.admission.rules import AdmissionPolicy, Caller, Grant, grant
 from gpulane.api.resources import GpuPolicySpec
+from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import SATURATION, resolve_priority
 
@@ -212,22 +213,23 @@ def test_check_against_names_the_rule_with_an_unknown_tier() -> None:
 # -- mutate_job ----------------------------------------------------------------------------------
 
 ALICE_MAY_100 = admission(rules=[rule("alice", 100, users=["alice"])])
+DEFAULT_RUN = {"maxRunSeconds": RunLimits().default_seconds}  # given to every job that sets none
 
 
 def test_mutate_resolves_an_alias() -> None:
     out = mutate_job({"model": "llama", "priority": "interactive"}, ALICE, ALICE_MAY_100, POLICY)
-    assert out == Mutation(spec={"priority": 100, "member": "alice", "tier": "free"})
+    assert out == Mutation(spec={"priority": 100, "member": "alice", "tier": "free", **DEFAULT_RUN})
 
 
 @pytest.mark.parametrize("spec", [{"model": "llama"}, {"model": "llama", "priority": 0}, {"priority": 100}])
 def test_mutate_leaves_an_integer_priority_within_the_cap_alone(spec: dict[str, Any]) -> None:
     out = mutate_job(spec, ALICE, ALICE_MAY_100, POLICY)
-    assert out == Mutation(spec={"member": "alice", "tier": "free"})
+    assert out == Mutation(spec={"member": "alice", "tier": "free", **DEFAULT_RUN})
 
 
 def test_mutate_caps_with_a_warning_and_keeps_the_request() -> None:
     out = mutate_job({"model": "llama", "priority": 1000}, ALICE, admission(), POLICY)
-    assert out.spec == {"priority": 0, "member": "alice", "tier": "free"}
+    assert out.spec == {"priority": 0, "member": "alice", "tier": "free", **DEFAULT_RUN}
     assert out.warnings == ["priority 1000 capped to 0 for user alice (rule: default cap)"]
     assert out.annotations == {REQUESTED_PRIORITY: "1000"}
 
@@ -246,6 +248,35 @@ def test_mutate_in_reject_mode_refuses_naming_cap_and_rule() -> None:
         "priority 1000 is above the cap 50 of user alice (rule: team)"
     )
     assert mutate_job({"priority": 50}, ALICE, adm, POLICY).warnings == []
+
+
+LIMITS = RunLimits(defaultSeconds=600, maxSeconds=7200)
+
+
+def test_mutate_gives_a_job_without_a_run_limit_the_policys_default() -> None:
+    assert mutate_job({"model": "llama"}, ALICE, admission(), POLICY, LIMITS).spec["maxRunSeconds"] == 600
+    assert mutate_job({"maxRunSeconds": 60}, ALICE, admission(), POLICY, LIMITS).spec.get("maxRunSeconds") is None
+
+
+def test_mutate_caps_a_run_limit_above_the_ceiling_or_refuses_it_in_reject_mode() -> None:
+    out = mutate_job({"maxRunSeconds": 86400}, ALICE, admission(), POLICY, LIMITS)
+    assert out.spec["maxRunSeconds"] == 7200
+    assert out.warnings == ["maxRunSeconds 86400 capped to 7200 (the GpuPolicy's runLimits.maxSeconds)"]
+    message = refusal(mutate_job, {"maxRunSeconds": 86400}, ALICE, admission(mode="reject"), POLICY, LIMITS)
+    assert message == "maxRunSeconds 86400 is above the GpuPolicy's runLimits.maxSeconds 7200"
+
+
+def test_validate_refuses_a_run_limit_above_the_ceiling_on_create_and_on_a_change() -> None:
+    over = "maxRunSeconds 9000 is above the GpuPolicy's runLimits.maxSeconds 7200"
+    assert refusal(validate_job, job(maxRunSeconds=9000), None, ALICE, admission(), POLICY, True, LIMITS) == over
+    stored = old_job("Running", maxRunSeconds=600)
+    assert refusal(validate_job, job(maxRunSeconds=9000), stored, ALICE, admission(), POLICY, True, LIMITS) == over
+    validate_job(job(maxRunSeconds=7200), stored, ALICE, admission(), POLICY, True, LIMITS)
+
+
+def test_a_policy_whose_default_run_limit_is_above_its_ceiling_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"runLimits\.defaultSeconds 7200 is above runLimits\.maxSeconds 600"):
+        GpuPolicySpec.model_validate({"runLimits": {"defaultSeconds": 7200, "maxSeconds": 600}})
 
 
 def test_mutate_sets_member_to_the_username() -> None:
@@ -284,19 +315,21 @@ def test_mutate_names_the_rule_that_set_the_tier_when_refusing_another() -> None
 
 def test_mutate_allows_an_untrusted_caller_to_state_their_own_member_and_tier() -> None:
     adm = admission(rules=[rule("researchers", 0, "pro", groups=["system:authenticated"])])
-    assert mutate_job({"member": "alice", "tier": "pro"}, ALICE, adm, POLICY) == Mutation()
+    assert mutate_job({"member": "alice", "tier": "pro", **DEFAULT_RUN}, ALICE, adm, POLICY) == Mutation()
 
 
 def test_mutate_keeps_member_and_tier_chosen_by_a_trusted_caller() -> None:
     adm = admission(trusted={"serviceAccounts": ["gpulane/bridge"]})
-    out = mutate_job({"member": "alice", "tier": "max", "priority": 0}, Caller(BRIDGE), adm, POLICY)
+    out = mutate_job(
+        {"member": "alice", "tier": "max", "priority": 0, "maxRunSeconds": 60}, Caller(BRIDGE), adm, POLICY
+    )
     assert out == Mutation()
 
 
 def test_trust_does_not_lift_the_cap() -> None:
     adm = admission(trusted={"serviceAccounts": ["gpulane/bridge"]})
     out = mutate_job({"member": "alice", "priority": 500}, Caller(BRIDGE), adm, POLICY)
-    assert out.spec == {"priority": 0, "tier": "free"}
+    assert out.spec == {"priority": 0, "tier": "free", **DEFAULT_RUN}
 
 
 def test_mutate_takes_the_tier_from_the_rules_when_absent() -> None:
@@ -922,6 +955,12 @@ def test_mutate_job_returns_a_capped_job_or_refuses_readably(
         return
     event("capped" if out.warnings else "admitted")
     merged = {**spec, **out.spec}
+    run = merged["maxRunSeconds"]  # always set: the default when absent
+    run_warnings = [w for w in out.warnings if w.startswith("maxRunSeconds ")]
+    if type(run) is int:
+        assert run <= RunLimits().max_seconds
+        assert len(run_warnings) == (spec.get("maxRunSeconds") not in (None, run))  # lowered, not defaulted
+    out.warnings = [w for w in out.warnings if w not in run_warnings]
     priority = merged.get("priority", 0)
     assert type(priority) is int
     assert -SATURATION <= priority <= granted.cap

@@ -741,6 +741,89 @@ def test_deadline_fails_a_running_job_with_a_tested_patch():
     asyncio.run(scenario())
 
 
+def run_limits(w: World, **limits: int) -> None:
+    body = w.kube.put("gpupolicies", {"metadata": {"name": "default", "generation": 2}, "spec": {"runLimits": limits}})
+    w.ctl.policy_event("ADDED", body)
+
+
+@pytest.mark.parametrize(
+    ("spec", "limit", "where"),
+    [({}, 120, "the GpuPolicy's runLimits"), ({"maxRunSeconds": 10_000}, 600, "the GpuPolicy's runLimits"),
+     ({"maxRunSeconds": 60}, 60, "maxRunSeconds")],
+)  # fmt: skip
+def test_the_policys_run_limits_end_jobs_without_a_deadline_and_cap_long_ones(
+    spec: dict[str, Any], limit: int, where: str
+):
+    """Issue 16, item 1: a job with no maxRunSeconds (or a huge one) cannot hold the lane forever."""
+
+    async def scenario() -> None:
+        w = World()
+        run_limits(w, defaultSeconds=120, maxSeconds=600, executorGraceSeconds=0)
+        await w.warm("j1", **spec)
+        w.clock.now += limit
+        await _one_tick(w)
+        assert w.phase("j1") == "Running"
+
+        w.clock.now += 1
+        await _one_tick(w)
+        status = w.kube.job("j1")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "DeadlineExceeded")
+        assert status["message"] == f"ran longer than {limit}s ({where})"
+
+    asyncio.run(scenario())
+
+
+def test_a_job_without_a_policy_gets_the_default_run_limit():
+    async def scenario() -> None:
+        w = World()
+        lease = {"metadata": {"name": "runner", "namespace": NS},
+                 "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 100_000}}  # fmt: skip
+        w.ctl.lease_event("ADDED", lease)
+        await w.warm()
+        body = job_body("j1")
+        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "runner"}
+        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        await w.reconcile()
+        w.clock.now += 3600
+        await _one_tick(w)
+        assert w.phase("j1") == "Running"
+        w.clock.now += 1
+        await _one_tick(w)
+        assert w.kube.job("j1")["status"]["reason"] == "DeadlineExceeded"
+
+    asyncio.run(scenario())
+
+
+def test_a_running_job_that_names_no_executor_fails_after_the_grace_period():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("orphan")
+        w.clock.now += 300
+        await _one_tick(w)
+        assert w.phase("orphan") == "Running"
+
+        w.clock.now += 1
+        await _one_tick(w)
+        status = w.kube.job("orphan")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "NoExecutor")
+        assert "executorGraceSeconds=300" in status["message"]
+        assert f"{NS}/orphan" not in w.ctl.jobs and w.ctl.dispatcher.running == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_grace_of_zero_lets_a_job_without_an_executor_run_to_its_deadline():
+    async def scenario() -> None:
+        w = World()
+        run_limits(w, executorGraceSeconds=0)
+        await w.warm("batch")
+        w.clock.now += 3600
+        await _one_tick(w)
+        assert w.phase("batch") == "Running"
+
+    asyncio.run(scenario())
+
+
 def test_a_failed_deadline_write_is_retried_by_the_next_tick():
     """A 500, a 429 or a timeout on the operator's own outcome must not freeze the slot: the job is not left
     marked as ending, so the next tick writes the outcome again and the lane is freed."""
