@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or run make PY=python3.x" >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,plots]'
 	@touch $@
 
 include hack/cluster.mk

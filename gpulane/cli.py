@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import sys
 from typing import Any, get_args
@@ -46,6 +47,9 @@ def _policies(text: str) -> list[str]:
 
 
 def _simulate(args: argparse.Namespace) -> int:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # said before an hour of simulation
+        print("error: --plot needs matplotlib: pip install 'gpulane[plots]'", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.scenario)
     except (ScenarioError, PolicyError) as err:

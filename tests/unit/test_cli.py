@@ -1,3 +1,4 @@
+import importlib.util
 import json
 from pathlib import Path
 
@@ -48,6 +49,15 @@ def test_plot_writes_a_png(tmp_path, capsys):
     target = tmp_path / "out.png"
     assert main(["simulate", SCENARIO, "--compare", "fifo,gpulane", "--plot", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path, capsys, monkeypatch):
+    """The image installs gpulane without the `plots` extra."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["simulate", SCENARIO, "--plot", str(tmp_path / "out.png")]) == 2
+    assert "pip install 'gpulane[plots]'" in capsys.readouterr().err
+    assert not (tmp_path / "out.png").exists()
 
 
 def test_bad_scenario_exits_2_with_the_reason(tmp_path, capsys):

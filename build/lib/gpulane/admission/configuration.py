@@ -1,0 +1,106 @@
+"""The webhook configurations for gpulane's admission handlers, built as plain manifests.
+
+``failurePolicy: Fail`` everywhere: with the webhook down, no GpuJob can bypass the caps and no broken
+GpuPolicy can be stored; the price is that nobody can create jobs until it is back (see
+docs/admission.md).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from gpulane.api.resources import GROUP, VERSION
+
+NAME = "gpulane"
+# The webhook's handler ids, which kopf serves as URL paths.
+MUTATE_JOB = "gpujob-defaults"
+VALIDATE_JOB = "gpujob-validate"
+VALIDATE_POLICY = "gpupolicy-validate"
+
+
+def _client_config(
+    path: str, *, url: str | None, service: tuple[str, str, int] | None, ca_pem: bytes | None
+) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    if url is not None:
+        config["url"] = f"{url.rstrip('/')}/{path}"
+    elif service is not None:
+        namespace, name, port = service
+        config["service"] = {"namespace": namespace, "name": name, "port": port, "path": f"/{path}"}
+    else:
+        raise ValueError("give the webhook's url or its service")
+    if ca_pem is not None:
+        config["caBundle"] = base64.b64encode(ca_pem).decode()
+    return config
+
+
+def _webhook(
+    path: str,
+    plural: str,
+    operations: list[str],
+    scope: str,
+    client_config: dict[str, Any],
+    namespace_selector: dict[str, str] | None,
+) -> dict[str, Any]:
+    hook: dict[str, Any] = {
+        "name": f"{path}.{GROUP}",
+        "clientConfig": client_config,
+        "rules": [
+            {
+                "apiGroups": [GROUP],
+                "apiVersions": [VERSION],
+                "operations": operations,
+                "resources": [plural],
+                "scope": scope,
+            }
+        ],
+        "failurePolicy": "Fail",
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 5,
+    }
+    if namespace_selector and scope == "Namespaced":
+        hook["namespaceSelector"] = {"matchLabels": dict(namespace_selector)}
+    return hook
+
+
+# Job UPDATEs that leave the spec alone (the operator's finalizer patches, labels) are not sent to the
+# webhook at all: with it down, or the policy changed, finalizers can still come off. The apiserver
+# evaluates this; the webhook lets such updates through too, for apiservers that skip matchConditions.
+SPEC_CHANGED = {"name": "spec-changed", "expression": "request.operation != 'UPDATE' || object.spec != oldObject.spec"}
+
+
+def webhook_configurations(
+    *,
+    url: str | None = None,
+    service: tuple[str, str, int] | None = None,
+    ca_pem: bytes | None = None,
+    namespace_selector: dict[str, str] | None = None,
+    name: str = NAME,
+) -> list[dict[str, Any]]:
+    """A MutatingWebhookConfiguration and a ValidatingWebhookConfiguration calling the webhook at ``url``
+    (``https://host:port``) or behind ``service`` (namespace, name, port), trusting ``ca_pem``."""
+
+    def cc(path: str) -> dict[str, Any]:
+        return _client_config(path, url=url, service=service, ca_pem=ca_pem)
+
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [_webhook(MUTATE_JOB, "gpujobs", ["CREATE"], "Namespaced", cc(MUTATE_JOB), namespace_selector)],
+    }
+    validate_job = _webhook(VALIDATE_JOB, "gpujobs", ["CREATE", "UPDATE"], "Namespaced", cc(VALIDATE_JOB),
+                            namespace_selector)  # fmt: skip
+    validate_job["matchConditions"] = [SPEC_CHANGED]
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            validate_job,
+            _webhook(VALIDATE_POLICY, "gpupolicies", ["CREATE", "UPDATE"], "Cluster", cc(VALIDATE_POLICY), None),
+        ],
+    }
+    return [mutating, validating]

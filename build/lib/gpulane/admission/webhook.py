@@ -1,0 +1,162 @@
+"""The admission webhook's kopf registrations; the decisions are in ``review.py``.
+
+Importing this module registers the handlers, so ``gpulane operator`` imports it only with ``--webhook``.
+The webhook keeps its own view of the GpuPolicy and the GpuModels (listed at start, then watched), so
+it runs the same alone (``gpulane webhook``) or inside the operator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+from kubernetes.aio.client import ApiClient
+
+from gpulane.admission.configuration import MUTATE_JOB, VALIDATE_JOB, VALIDATE_POLICY
+from gpulane.admission.review import Refused, mutate_job, validate_job, validate_policy
+from gpulane.admission.rules import Caller
+from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
+from gpulane.api.run_limits import RunLimits
+from gpulane.core.policy import Policy
+from gpulane.kube.client import Gone, Kube
+from gpulane.kube.login import credentials
+
+log = logging.getLogger(__name__)
+
+# How often the certificate files are re-read: a rotated certificate is served within this time.
+CERT_CHECK_SECONDS = 10.0
+
+
+class AdmissionState:
+    """The webhook's view of the cluster: the policy in effect and the models that exist."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.policy = Policy()
+        self.admission = AdmissionPolicy()
+        self.run_limits = RunLimits()
+        self.models: set[str] = set()
+
+    def use_policy(self, spec: dict[str, Any] | None) -> None:
+        try:
+            parsed = GpuPolicySpec.model_validate(spec or {})
+            parsed.admission.check_against(parsed.scoring())
+        except ValueError as err:  # refused by the validating webhook; kept out of the cache too
+            log.error("ignoring an invalid GpuPolicy: %s", err)
+            return
+        self.policy, self.admission, self.run_limits = parsed.scoring(), parsed.admission, parsed.run_limits
+
+    async def load(self) -> None:
+        with contextlib.suppress(Gone):
+            self.use_policy((await self.kube.get_cluster("gpupolicies", "default")).get("spec"))
+        self.models = {m["metadata"]["name"] for m in await self.kube.list_cluster("gpumodels")}
+
+    async def model_known(self, name: str) -> bool:
+        """From the cache, or the API for a model created a moment ago (in the same `kubectl apply`)."""
+        if name in self.models:
+            return True
+        try:
+            await self.kube.get_cluster("gpumodels", name)
+        except Gone:
+            return False
+        self.models.add(name)
+        return True
+
+
+def _caller(userinfo: kopf.UserInfo, body: kopf.Body) -> Caller:
+    return Caller(
+        username=str(userinfo.get("username", "")),
+        groups=tuple(str(g) for g in userinfo.get("groups") or ()),
+        namespace=body.metadata.namespace,
+    )
+
+
+def _state(memo: Any) -> AdmissionState:
+    state: AdmissionState = memo.admission
+    return state
+
+
+@kopf.on.startup()
+async def start_webhook(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    serving = memo.webhook
+    configure(
+        settings, host=serving["host"], port=serving["port"], certfile=serving["certfile"], keyfile=serving["keyfile"]
+    )
+    memo.admission = AdmissionState(Kube(ApiClient(await credentials(memo)), namespace="default"))
+    await memo.admission.load()
+
+
+@kopf.on.event(GROUP, VERSION, "gpupolicies")
+async def policy_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    obj: dict[str, Any] = dict(event["object"])
+    _state(memo).use_policy(None if event["type"] == "DELETED" else obj.get("spec"))
+
+
+@kopf.on.event(GROUP, VERSION, "gpumodels")
+async def model_changed(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    name = event["object"]["metadata"]["name"]
+    models = _state(memo).models
+    if event["type"] == "DELETED":
+        models.discard(name)
+    else:
+        models.add(name)
+
+
+@kopf.on.mutate(GROUP, VERSION, "gpujobs", id=MUTATE_JOB, operations=["CREATE"])
+async def default_job(
+    spec: kopf.Spec,
+    body: kopf.Body,
+    patch: kopf.Patch,
+    userinfo: kopf.UserInfo,
+    warnings: list[str],
+    memo: Any,
+    **_: Any,
+) -> None:
+    state = _state(memo)
+    try:
+        mutation = mutate_job(dict(spec), _caller(userinfo, body), state.admission, state.policy, state.run_limits)
+    except Refused as err:
+        raise kopf.AdmissionError(str(err), code=403) from None
+    for key, value in mutation.spec.items():
+        patch.spec[key] = value
+    for key, value in mutation.annotations.items():
+        patch.metadata.annotations[key] = value
+    warnings.extend(mutation.warnings)
+
+
+@kopf.on.validate(GROUP, VERSION, "gpujobs", id=VALIDATE_JOB, operations=["CREATE", "UPDATE"])
+async def validate_gpujob(body: kopf.Body, userinfo: kopf.UserInfo, memo: Any, **kwargs: Any) -> None:
+    old: kopf.Body | None = kwargs.get("old")
+    state = _state(memo)
+    new = dict(body)
+    model = (new.get("spec") or {}).get("model")
+    known = isinstance(model, str) and await state.model_known(model)
+    try:
+        previous = None if old is None else dict(old)
+        caller = _caller(userinfo, body)
+        validate_job(new, previous, caller, state.admission, state.policy, known, state.run_limits)
+    except Refused as err:
+        raise kopf.AdmissionError(str(err), code=403) from None
+
+
+@kopf.on.validate(GROUP, VERSION, "gpupolicies", id=VALIDATE_POLICY, operations=["CREATE", "UPDATE"])
+async def validate_gpupolicy(spec: kopf.Spec, **_: Any) -> None:
+    try:
+        validate_policy(dict(spec))
+    except Refused as err:
+        raise kopf.AdmissionError(str(err), code=422) from None
+
+
+def configure(settings: kopf.OperatorSettings, *, host: str, port: int, certfile: str, keyfile: str) -> None:
+    """Serve TLS from mounted files (kopf restarts its server when they change); never manage configurations.
+
+    The webhook configurations are installed by whoever deploys gpulane (the chart, or the e2e suite
+    with ``gpulane webhook-config``): kopf must not overwrite configurations it did not create.
+    """
+    settings.admission.server = kopf.WebhookServer(
+        addr=host, port=port, certfile=certfile, pkeyfile=keyfile, file_check_interval=CERT_CHECK_SECONDS
+    )
+    settings.admission.managed = None

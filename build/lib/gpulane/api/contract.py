@@ -1,0 +1,36 @@
+"""The names that gpulane's components agree on: labels, annotations and the finalizer.
+
+The operator, the bridge, the webhook and the chart read and write these on shared objects, so they
+live beside the resource models rather than inside any one component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# A Kubernetes object, or a merge patch, as the plain JSON that every component reads and writes.
+Body = dict[str, Any]
+
+# On every GpuJob the operator dispatches: the lane's accounting must see the job leave.
+FINALIZER = "gpulane.io/lane-accounting"
+
+# Annotation naming the Lease (``namespace/name``) of whoever executes a job: when it expires, the
+# operator fails the job with DataPlaneLost.
+EXECUTOR_LEASE = "gpulane.io/executor-lease"
+# The label on executors' Leases, so the operator watches only those.
+EXECUTOR_LABEL = "gpulane.io/executor"
+EXECUTOR_SELECTOR = f"{EXECUTOR_LABEL}=true"
+
+# On the bridge's GpuJobs: which replica proxies the call, and which API key made it.
+REPLICA_LABEL = "gpulane.io/bridge-replica"
+API_KEY_LABEL = "gpulane.io/api-key"
+
+# Set by the webhook when it capped a priority: what the caller asked for.
+REQUESTED_PRIORITY = "gpulane.io/requested-priority"
+
+# Backend pods: who manages them, which lane and model they serve.
+MANAGED_BY = "app.kubernetes.io/managed-by"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+LANE_LABEL = "gpulane.io/lane"
+MODEL_LABEL = "gpulane.io/model"
+BACKEND_SELECTOR = f"{MANAGED_BY}=gpulane,{COMPONENT_LABEL}=backend"

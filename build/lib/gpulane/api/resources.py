@@ -1,0 +1,358 @@
+"""The gpulane.io/v1alpha1 resources as pydantic models: the source of ``crds/*.yaml``.
+
+The operator validates specs with these same models, so what the apiserver's schema admits and what
+the operator accepts cannot drift apart. Rules that need another object (the policy's tiers, whether
+a GpuModel exists) are checked by the operator and reported on the job's status.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, StrictInt, model_validator
+from pydantic.config import JsonDict
+
+from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
+from gpulane.core.policy import CamelModel, Policy
+
+GROUP = "gpulane.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# A Kubernetes object name (DNS-1123 subdomain), because a job's model names a GpuModel object.
+OBJECT_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+# Absolute bounds, kept by the apiserver itself even without the webhook; policies bound further.
+PRIORITY_LIMIT = 1_000_000
+PRIORITY_RULE = (
+    f"type(self) == int ? (self >= -{PRIORITY_LIMIT} && self <= {PRIORITY_LIMIT}) : "
+    "(self in ['interactive', 'normal', 'batch'] || self.matches('^[+-]?[0-9]{1,6}$'))"
+)
+PRIORITY_MESSAGE = (
+    f"priority must be an integer in [-{PRIORITY_LIMIT}, {PRIORITY_LIMIT}] or one of interactive, normal, batch"
+)
+
+# Bounded, so that status objects stay small however long the queue and however many dispatches.
+STORY_LIMIT = 20
+HISTORY_LIMIT = 50
+
+Phase = Literal["Pending", "Dispatching", "Running", "Succeeded", "Failed", "Cancelled"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+
+def immutable(what: str) -> JsonDict:
+    """A CEL transition rule: the apiserver refuses any change to the field once it is set."""
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what} is immutable"}]}
+
+
+class Condition(CamelModel):
+    """A Kubernetes API condition (metav1.Condition)."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+Conditions = list[Condition]
+_CONDITIONS = Field(
+    default=None,
+    json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+)
+_TIME: JsonDict = {"format": "date-time"}
+
+
+# -- GpuJob -------------------------------------------------------------------------------------
+
+
+class JobRequest(CamelModel):
+    """An OpenAI call that gpulane executes for jobs submitted with kubectl."""
+
+    path: str = Field(pattern=r"^/v1/[A-Za-z0-9/_.-]*$", max_length=256)
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class GpuJobSpec(CamelModel):
+    model: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME, json_schema_extra=immutable("model"))
+    # An integer, or an alias (interactive, normal, batch) that the operator resolves.
+    priority: StrictInt | str = Field(
+        default=0,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                *immutable("priority")["x-kubernetes-validations"],  # type: ignore[misc]
+                {
+                    "rule": PRIORITY_RULE,
+                    "message": PRIORITY_MESSAGE,
+                },
+            ]
+        },
+    )
+    # Unset means "free" without the webhook; with it, the caller's tier from the policy's rules.
+    tier: str | None = Field(default=None, min_length=1, max_length=63, json_schema_extra=immutable("tier"))
+    # Whose fair share the job counts against; defaults to the job's namespace.
+    member: str | None = Field(default=None, min_length=1, max_length=253, json_schema_extra=immutable("member"))
+    max_run_seconds: int | None = Field(default=None, ge=1, le=MAX_RUN_SECONDS)
+    # The submitter's estimate, used for other jobs' start-time estimates instead of the model's average.
+    expected_run_seconds: int | None = Field(default=None, ge=0, le=MAX_RUN_SECONDS)
+    request: JobRequest | None = None
+
+
+class ScoreTerms(CamelModel):
+    priority: int
+    tier: int
+    affinity: int
+    aging: float
+    total: float
+
+
+class DispatchRecord(CamelModel):
+    """One dispatch, as lanes remember it and as jobs that waited meanwhile tell it (``gpulane why``)."""
+
+    job: str
+    at: str = Field(json_schema_extra=_TIME)
+    lane: str
+    model: str
+    load: bool
+    member: str
+    priority: int
+    tier: str
+    score: ScoreTerms
+    changed_by: dict[str, str] | None = None  # term -> the job that would have won without it
+
+
+class Story(CamelModel):
+    """What a job's own story needs once it has run: the dispatches that went ahead while it waited."""
+
+    queued_at: str = Field(json_schema_extra=_TIME)
+    ran_ahead: list[DispatchRecord]  # the latest ones, at most STORY_LIMIT
+    ran_ahead_total: int
+    load: bool  # it had to wait for its model to load
+
+
+class GpuJobStatus(CamelModel):
+    phase: Phase | None = None
+    position: int | None = Field(default=None, ge=1)
+    # True when position and estimatedStart are exact; beyond the first jobs of a lane they are rounded.
+    position_exact: bool | None = None
+    estimated_start: str | None = Field(default=None, json_schema_extra=_TIME)
+    score: ScoreTerms | None = None
+    waited: str | None = None
+    lane: str | None = None
+    pod: str | None = None
+    endpoint: str | None = None
+    dispatched_at: str | None = Field(default=None, json_schema_extra=_TIME)
+    started_at: str | None = Field(default=None, json_schema_extra=_TIME)
+    finished_at: str | None = Field(default=None, json_schema_extra=_TIME)
+    reason: str | None = None
+    message: str | None = None
+    # Written by the executor when it reports completion (see docs/job-lifecycle.md).
+    result: dict[str, Any] | None = None
+    story: Story | None = None
+    conditions: Conditions | None = _CONDITIONS
+    observed_generation: int | None = None
+
+
+# -- GpuModel -----------------------------------------------------------------------------------
+
+
+class EnvVar(CamelModel):
+    name: str = Field(min_length=1, max_length=256)
+    value: str = ""
+
+
+class Resources(CamelModel):
+    requests: dict[str, int | str] | None = None
+    limits: dict[str, int | str] | None = None
+
+
+class GpuModelSpec(CamelModel):
+    image: str = Field(min_length=1, max_length=512)
+    command: list[str] | None = None
+    args: list[str] | None = None
+    env: list[EnvVar] | None = None
+    port: int = Field(default=8000, ge=1, le=65535)
+    readiness_path: str = Field(default="/health", pattern=r"^/", max_length=256)
+    load_timeout_seconds: int = Field(default=600, ge=1, le=86400)
+    max_concurrency: int = Field(default=1, ge=1, le=1024)
+    resources: Resources | None = None
+    pod_annotations: dict[str, str] | None = None
+    # Starting points for estimates until gpulane has observed real loads and runs.
+    expected_load_seconds: int | None = Field(default=None, ge=0, le=86400)
+    expected_run_seconds: int | None = Field(default=None, ge=0, le=MAX_RUN_SECONDS)
+
+
+class GpuModelStatus(CamelModel):
+    load_seconds: float | None = None
+    run_seconds: float | None = None
+    loads: int | None = None
+    runs: int | None = None
+    conditions: Conditions | None = _CONDITIONS
+    observed_generation: int | None = None
+
+
+# -- GpuLane ------------------------------------------------------------------------------------
+
+
+class GpuLaneSpec(CamelModel):
+    node_name: str | None = Field(default=None, min_length=1, max_length=253)
+    node_selector: dict[str, str] | None = None
+    resource: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
+    count: int = Field(default=1, ge=1, le=64)
+    tolerations: list[dict[str, Any]] | None = None
+
+
+class ServedClock(CamelModel):
+    member: str
+    band: int
+    at: str = Field(json_schema_extra=_TIME)
+
+
+class GpuLaneStatus(CamelModel):
+    resident_model: str | None = None
+    pod: str | None = None
+    ready: bool | None = None
+    running: list[str] | None = None
+    queue_depth: dict[str, int] | None = None
+    last_served: list[ServedClock] | None = None
+    history: list[DispatchRecord] | None = None  # the lane's latest dispatches, at most HISTORY_LIMIT
+    conditions: Conditions | None = _CONDITIONS
+    observed_generation: int | None = None
+
+
+# -- GpuPolicy ----------------------------------------------------------------------------------
+
+
+class GpuPolicySpec(Policy):
+    """The scoring policy's fields, plus who may ask for what (enforced by the admission webhook).
+
+    Validating one checks everything a policy must satisfy: the core's invariant and bounds (``Policy``'s
+    own validators), and admission rules that fit them.
+    """
+
+    admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    run_limits: RunLimits = Field(default_factory=RunLimits)
+
+    @model_validator(mode="after")
+    def _admission_fits(self) -> GpuPolicySpec:
+        self.admission.check_against(self.scoring())
+        return self
+
+    def scoring(self) -> Policy:
+        """The core's policy: every field but ``admission`` and ``runLimits``."""
+        return Policy.model_validate(self.model_dump(by_alias=True, exclude={"admission", "run_limits"}))
+
+
+class GpuPolicyStatus(CamelModel):
+    conditions: Conditions | None = _CONDITIONS
+    observed_generation: int | None = None
+
+
+# -- what the CRD generator needs to know about each kind ---------------------------------------
+
+
+class PrinterColumn(CamelModel):
+    name: str
+    type: Literal["string", "integer", "number", "boolean", "date"]
+    json_path: str
+    priority: int = 0
+    description: str | None = None
+
+
+class Kind(CamelModel):
+    kind: str
+    plural: str
+    short_names: list[str]
+    scope: Literal["Namespaced", "Cluster"]
+    spec: type[CamelModel]
+    status: type[CamelModel]
+    columns: list[PrinterColumn] = Field(default_factory=list)
+    # CEL rules on the whole object (for example, which names are allowed).
+    rules: list[dict[str, str]] = Field(default_factory=list)
+    spec_required: bool = True
+
+
+def _col(name: str, kind: str, path: str, priority: int = 0) -> PrinterColumn:
+    return PrinterColumn.model_validate({"name": name, "type": kind, "jsonPath": path, "priority": priority})
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind(
+        kind="GpuJob",
+        plural="gpujobs",
+        short_names=["gj"],
+        scope="Namespaced",
+        spec=GpuJobSpec,
+        status=GpuJobStatus,
+        rules=[
+            # The field rule only sees changes of a set value; this one also refuses adding or removing it.
+            {"rule": "has(self.spec.member) == has(oldSelf.spec.member)", "message": "spec.member is immutable"},
+            {"rule": "has(self.spec.tier) == has(oldSelf.spec.tier)", "message": "spec.tier is immutable"},
+        ],
+        columns=[
+            _col("Phase", "string", ".status.phase"),
+            _col("Model", "string", ".spec.model"),
+            _col("Priority", "string", ".spec.priority"),
+            _col("Tier", "string", ".spec.tier"),
+            _col("Member", "string", ".spec.member"),
+            _col("Position", "integer", ".status.position"),
+            _col("Score", "number", ".status.score.total"),
+            _col("Waited", "string", ".status.waited"),
+            _col("Age", "date", ".metadata.creationTimestamp"),
+            _col("Lane", "string", ".status.lane", priority=1),
+            _col("Reason", "string", ".status.reason", priority=1),
+        ],
+    ),
+    Kind(
+        kind="GpuModel",
+        plural="gpumodels",
+        short_names=["gm"],
+        scope="Cluster",
+        spec=GpuModelSpec,
+        status=GpuModelStatus,
+        columns=[
+            _col("Image", "string", ".spec.image"),
+            _col("Concurrency", "integer", ".spec.maxConcurrency"),
+            _col("Load", "number", ".status.loadSeconds"),
+            _col("Run", "number", ".status.runSeconds"),
+            _col("Age", "date", ".metadata.creationTimestamp"),
+        ],
+    ),
+    Kind(
+        kind="GpuLane",
+        plural="gpulanes",
+        short_names=["gl"],
+        scope="Cluster",
+        spec=GpuLaneSpec,
+        status=GpuLaneStatus,
+        columns=[
+            _col("Node", "string", ".spec.nodeName"),
+            _col("Resident", "string", ".status.residentModel"),
+            _col("Ready", "boolean", ".status.ready"),
+            _col("Pod", "string", ".status.pod"),
+            _col("Age", "date", ".metadata.creationTimestamp"),
+        ],
+        rules=[
+            {
+                "rule": "has(self.spec.nodeName) != has(self.spec.nodeSelector)",
+                "message": "set exactly one of spec.nodeName and spec.nodeSelector",
+            }
+        ],
+    ),
+    Kind(
+        kind="GpuPolicy",
+        plural="gpupolicies",
+        short_names=["gp"],
+        scope="Cluster",
+        spec=GpuPolicySpec,
+        status=GpuPolicyStatus,
+        columns=[
+            _col("Accepted", "string", '.status.conditions[?(@.type=="Accepted")].status'),
+            _col("Age", "date", ".metadata.creationTimestamp"),
+        ],
+        rules=[{"rule": "self.metadata.name == 'default'", "message": "the one GpuPolicy must be named 'default'"}],
+        spec_required=False,
+    ),
+)

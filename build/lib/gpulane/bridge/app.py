@@ -1,0 +1,277 @@
+"""The bridge's HTTP surface: OpenAI calls in, GpuJobs through the queue, the backend's answer out.
+
+A call is judged completely (body, model, key, backpressure) before a GpuJob exists or a header is
+sent. Then it waits for its job to run: a streaming client hears SSE comments with its position
+meanwhile, which keeps proxies from timing it out. Then the backend's answer is copied through chunk
+by chunk, and the outcome is written to the job's status. A client that leaves deletes its job, which
+frees the GPU whether the job was queued or already running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from gpulane.bridge.calls import Call, CallError, read_call
+from gpulane.bridge.jobs import JobQueue, JobState, Submission
+from gpulane.bridge.keys import Denied, Identity, KeyRing
+from gpulane.kube.client import why
+
+log = logging.getLogger(__name__)
+
+# Headers of the backend's answer that must not be copied: the bridge frames its own response.
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding", "server", "date"}
+
+
+NO_BUFFERING = {"X-Accel-Buffering": "no"}  # tells nginx-style proxies to pass chunks on at once
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class Outcome:
+    """What became of a call's job: answered in full, and whether its outcome was written."""
+
+    answered: bool = False
+    written: bool = False
+
+
+@dataclass
+class BridgeSettings:
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_queued: int = 1000  # calls waiting, over all members
+    max_queued_per_member: int = 100
+    max_run_seconds: int = 3600
+    endpoints: dict[str, str] = field(default_factory=dict)  # model -> backend URL, overriding the pod's
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.calls = PromCounter("gpulane_bridge_calls_total", "Calls answered, per HTTP status", ["code"], registry=r)
+        self.queued = Gauge("gpulane_bridge_queued", "Calls waiting for their job to run", registry=r)
+        self.wait = Histogram("gpulane_bridge_wait_seconds", "Call received to its job Running", registry=r)
+        self.upstream = Histogram("gpulane_bridge_upstream_seconds", "Backend request to its last byte", registry=r)
+
+
+class Bridge:
+    def __init__(self, queue: JobQueue, keys: KeyRing, settings: BridgeSettings) -> None:
+        self.queue = queue
+        self.keys = keys
+        self.settings = settings
+        self.metrics = Metrics()
+        self._queued: Counter[str] = Counter()
+        self._session: ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.settings.max_body_bytes + 1024)
+        app.router.add_post("/v1/{tail:.+}", self.call)
+        app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", make_aiohttp_handler(self.metrics.registry))
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _: web.Application) -> None:
+        # No total or read timeout: a render streams for as long as it takes; no decompression, so
+        # bytes pass through exactly as the backend sent them.
+        self._session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10), auto_decompress=False)
+
+    async def _close(self, _: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # -- plain endpoints --------------------------------------------------------------------------
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        ready = getattr(self.queue, "ready", True)
+        return web.Response(text="ok\n") if ready else web.Response(status=503, text="watch not started\n")
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        try:
+            self.keys.identify(request.headers.get("Authorization"), request.headers)
+        except Denied as err:
+            return self._error(CallError(err.status, str(err), kind="authentication_error"))
+        created = int(time.time())
+        data = [
+            {"id": m, "object": "model", "created": created, "owned_by": "gpulane"}
+            for m in sorted(await self.queue.models())
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def _error(self, err: CallError) -> web.Response:
+        self.metrics.calls.labels(str(err.status)).inc()
+        headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
+        return web.json_response(err.body(), status=err.status, headers=headers)
+
+    async def _judge(self, request: web.Request) -> tuple[Call, Identity]:
+        """Everything that can refuse the call, before anything is created or sent."""
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise CallError(413, f"request body is over the limit of {self.settings.max_body_bytes} bytes") from None
+        call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes)
+        try:
+            identity = self.keys.identify(request.headers.get("Authorization"), request.headers)
+        except Denied as err:
+            kind = "authentication_error" if err.status == 401 else "permission_error"
+            raise CallError(err.status, str(err), kind=kind) from None
+        if call.model not in await self.queue.models():
+            raise CallError(404, f"the model {call.model!r} does not exist", code="model_not_found", param="model")
+        if sum(self._queued.values()) >= self.settings.max_queued:
+            raise CallError(429, "the bridge's queue is full; retry shortly", kind="rate_limit_error", retry_after=1)
+        if self._queued[identity.member] >= self.settings.max_queued_per_member:
+            raise CallError(429, f"member {identity.member!r} has {self.settings.max_queued_per_member} calls waiting",
+                            kind="rate_limit_error", retry_after=1)  # fmt: skip
+        return call, identity
+
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        try:
+            call, identity = await self._judge(request)
+        except CallError as err:
+            return self._error(err)
+        submission = Submission(call.model, identity.priority, identity.member, identity.tier,
+                                self.settings.max_run_seconds, identity.key)  # fmt: skip
+        headers = {"X-Gpulane-Priority": str(identity.priority)}
+        if identity.requested > identity.priority:
+            headers["X-Gpulane-Priority-Capped"] = f"{identity.requested} -> {identity.priority} (key {identity.key})"
+        self._queued[identity.member] += 1
+        self.metrics.queued.inc()
+        queued = True
+        received = time.monotonic()
+        try:
+            name = await self.queue.submit(submission)
+        except BaseException as err:
+            self._queued[identity.member] -= 1
+            self.metrics.queued.dec()
+            if isinstance(err, CallError):  # the cluster refused the job (docs/bridge.md)
+                return self._error(err)
+            raise
+        headers["X-Gpulane-Job"] = name
+        response: web.StreamResponse | None = None
+        outcome = Outcome()
+        try:
+            state: JobState | None = None
+            async for state in self.queue.follow(name):
+                if state.phase == "Running" or state.ended:
+                    break
+                if call.stream:
+                    response = response or await self._start_events(request, headers)
+                    await response.write(_queued_comment(state))
+            self._queued[identity.member] -= 1
+            self.metrics.queued.dec()
+            queued = False
+            self.metrics.wait.observe(time.monotonic() - received)
+            if state is None or state.phase != "Running":
+                why = f"job {name} ended {state.phase if state else 'unseen'} before it ran"
+                if state and state.message:
+                    why += f": {state.message}"
+                return await self._fail(response, CallError(503, why, kind="server_error", retry_after=1))
+            return await self._proxy(request, call, name, state, headers, response, outcome)
+        except asyncio.CancelledError:
+            # The client went away: its job leaves the queue, or its lane (freeing the GPU at once),
+            # unless it left only after the whole answer.
+            if outcome.answered and not outcome.written:
+                await self._finish(outcome, name, True)
+            elif not outcome.written:
+                await asyncio.shield(self.queue.cancel(name))
+            raise
+        finally:
+            if queued:
+                self._queued[identity.member] -= 1
+                self.metrics.queued.dec()
+
+    async def _start_events(self, request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
+        events = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **NO_BUFFERING}
+        response = web.StreamResponse(status=200, headers={**headers, **events})
+        await response.prepare(request)
+        return response
+
+    async def _fail(self, response: web.StreamResponse | None, err: CallError) -> web.StreamResponse:
+        if response is None:
+            return self._error(err)
+        self.metrics.calls.labels(str(err.status)).inc()
+        with contextlib.suppress(ConnectionError):
+            await response.write(b"data: " + _json(err.body()) + b"\n\n")
+            await response.write_eof()
+        return response
+
+    async def _finish(self, outcome: Outcome, name: str, ok: bool, message: str | None = None) -> None:
+        outcome.written = True
+        await asyncio.shield(self.queue.finish(name, ok, message))
+
+    async def _proxy(self, request: web.Request, call: Call, name: str, state: JobState, headers: dict[str, str],
+                     response: web.StreamResponse | None, outcome: Outcome) -> web.StreamResponse:  # fmt: skip
+        base = self.settings.endpoints.get(call.model) or state.endpoint
+        if not base:
+            await self._finish(outcome, name, False, "the job has no endpoint")
+            return await self._fail(
+                response, CallError(502, f"job {name} runs without an endpoint", kind="server_error")
+            )
+        assert self._session is not None
+        started = time.monotonic()
+        try:
+            async with self._session.post(
+                base.rstrip("/") + call.path,
+                data=call.body,
+                headers={"Content-Type": call.content_type, "Accept-Encoding": "identity"},
+            ) as upstream:
+                failed = f"the backend answered {upstream.status}"
+                if response is None:
+                    out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+                    response = web.StreamResponse(status=upstream.status, headers={**out, **headers, **NO_BUFFERING})
+                    await response.prepare(request)
+                elif upstream.status >= 400:  # the event stream has started: an error event is all that is left
+                    text = (await upstream.read()).decode(errors="replace")[:500]
+                    await self._finish(outcome, name, False, f"{failed}: {text}")
+                    return await self._fail(
+                        response, CallError(upstream.status, f"{failed}: {text}", kind="server_error")
+                    )
+                tail = b""  # the stream's last bytes: `[DONE]` may arrive split over two chunks
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+                    # A client may hang up as soon as it has the end of an event stream.
+                    tail = (tail + chunk)[-len(SSE_DONE) :]
+                    outcome.answered = tail == SSE_DONE
+                outcome.answered = True
+                ok = upstream.status < 400
+        except (TimeoutError, OSError, ClientError) as err:  # ClientError: a disconnect, a cut-short body
+            await self._finish(outcome, name, False, f"the backend failed: {why(err)}")
+            return await self._fail(response, CallError(502, f"the backend failed: {why(err)}", kind="server_error"))
+        self.metrics.upstream.observe(time.monotonic() - started)
+        self.metrics.calls.labels(str(response.status)).inc()
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()  # the client has its answer before the outcome is written
+        await self._finish(outcome, name, ok, None if ok else failed)
+        return response
+
+
+def _json(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def _queued_comment(state: JobState) -> bytes:
+    parts = ["queued"]
+    if state.position is not None:
+        parts.append(f"position {state.position}")
+    if state.estimated_start:
+        parts.append(f"estimated start {state.estimated_start}")
+    return f": {', '.join(parts)}\n\n".encode()

@@ -1,0 +1,170 @@
+"""The executor of GpuJobs applied with kubectl that carry ``spec.request``: gpulane sends the call itself.
+
+A bridge replica claims a waiting job by writing its executor Lease into the job's annotation, with a
+resourceVersion precondition: exactly one replica wins, and the operator fails the job with
+``DataPlaneLost`` if that replica dies. When the job runs, the claimant sends the request to the job's
+endpoint, stores the answer in a ConfigMap owned by the job (so deleting the job deletes it), and
+writes the outcome, with a reference to the ConfigMap, through the executor's contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout
+from tenacity import RetryCallState
+
+from gpulane.api.contract import EXECUTOR_LEASE, Body
+from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
+from gpulane.bridge.jobs import outcome_patch
+from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
+from gpulane.kube.watch import watch_jobs
+
+log = logging.getLogger(__name__)
+
+RESULT_KEY = "response.json"  # a text answer (JSON, as every OpenAI endpoint but audio answers)
+BINARY_KEY = "response.bin"  # any other answer, under binaryData
+# How long a finished job's uid is remembered: late watch events of it (still showing Running) are ignored.
+FORGET_AFTER_SECONDS = 600.0
+# A ConfigMap holds at most 1 MiB; leave room for its metadata.
+MAX_ANSWER_BYTES = 900 * 1024
+
+
+class ManifestExecutor:
+    def __init__(
+        self,
+        kube: Kube,
+        lease: str,
+        endpoints: dict[str, str],
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+    ) -> None:
+        self.kube = kube
+        self.lease = lease  # our executor Lease, in the bridge's namespace
+        self.session: ClientSession | None = None
+        self.endpoints = endpoints
+        self.max_answer_bytes = max_answer_bytes
+        self._running: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
+
+        def deliver(kind: str, obj: dict[str, Any]) -> None:
+            if kind != "DELETED" and (obj.get("spec") or {}).get("request"):
+                self._seen(obj)
+
+        self._spawn(watch_jobs(self.kube, None, None, deliver))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+    def _qualified(self) -> str:
+        return f"{self.kube.namespace}/{self.lease}"
+
+    def _seen(self, obj: Body) -> None:
+        meta, status = obj["metadata"], obj.get("status") or {}
+        phase = status.get("phase")
+        if phase in TERMINAL_PHASES or meta.get("deletionTimestamp"):
+            return
+        claimed = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
+        if not claimed:
+            self._spawn(self._claim(meta))
+        elif claimed == self._qualified() and phase == "Running" and meta["uid"] not in self._running:
+            # By uid: a job deleted and created again under its name is another job, and runs.
+            self._running.add(meta["uid"])
+            self._spawn(self._run(obj))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _claim(self, meta: Body) -> None:
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                              "annotations": {EXECUTOR_LEASE: self._qualified()}}}  # fmt: skip
+        with contextlib.suppress(Conflict, Gone):  # another replica was first, or the job is gone
+            await self.kube.patch_job(meta["namespace"], meta["name"], patch)
+
+    async def _run(self, obj: Body) -> None:
+        meta = obj["metadata"]
+        try:
+            patch = await self._execute(obj)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # whatever went wrong, the job ends: a Running job with no outcome holds its lane
+            log.warning("executing %s/%s failed", meta["namespace"], meta["name"], exc_info=True)
+            patch = outcome_patch(False, f"the request failed: {why(err)}")
+        try:
+            await self._write_outcome(meta["namespace"], meta["name"], patch)
+        finally:
+            # Its outcome is written (or the job is gone): a later Running event of this uid is stale.
+            # The uid stays known for as long as events of it may still arrive, then is dropped.
+            self._forget_later(meta["uid"])
+
+    def _forget_later(self, uid: str) -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(FORGET_AFTER_SECONDS, self._running.discard, uid)
+
+    async def _execute(self, obj: Body) -> list[Body]:
+        meta, spec, status = obj["metadata"], obj["spec"], obj.get("status") or {}
+        namespace, name = meta["namespace"], meta["name"]
+        request = spec["request"]
+        base = self.endpoints.get(spec["model"]) or status.get("endpoint")
+        if not base or self.session is None:
+            return outcome_patch(False, "the job runs without an endpoint")
+        async with self.session.post(base.rstrip("/") + request["path"], json=request.get("body") or {}) as resp:
+            answer = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                answer += chunk
+                if len(answer) > self.max_answer_bytes:
+                    return outcome_patch(
+                        False, f"the answer is over the limit of {self.max_answer_bytes} bytes; it was not stored"
+                    )
+            upstream, content_type = resp.status, resp.content_type
+        key, stored = answer_entry(bytes(answer))
+        config_map = f"{name}-result"
+        manifest = {
+            "metadata": {"name": config_map, "ownerReferences": [{
+                "apiVersion": API_VERSION, "kind": "GpuJob", "name": name, "uid": meta["uid"]}]},
+            **stored,
+        }  # fmt: skip
+        try:
+            await self.kube.create_config_map(namespace, manifest)
+        except Conflict:  # left by an earlier job of this name, not yet collected: this job's answer replaces it
+            await self.kube.replace_config_map(namespace, manifest)
+        result = {"configMap": config_map, "key": key, "status": upstream, "contentType": content_type}
+        ok = upstream < 400
+        return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
+
+    async def _write_outcome(self, namespace: str, name: str, patch: list[Body]) -> None:
+        """Written until it lands: a 429, a 500 or a timeout is retried. A Conflict (the job is no longer
+        Running: the operator's deadline, or a cancel, ended it first) or Gone means someone else ended it."""
+        async for attempt in backoff(_unwritten, initial=0.2, max_backoff=10.0):
+            with attempt:
+                try:
+                    await self.kube.patch_job_status(namespace, name, patch)
+                except (Conflict, Gone):
+                    return
+        log.info("executed %s/%s: %s", namespace, name, json.dumps(patch[1]["value"]))
+
+
+def answer_entry(answer: bytes) -> tuple[str, Body]:
+    """Where an answer goes in its ConfigMap: text under ``data``, anything else (audio, images) base64
+    under ``binaryData``, so that the bytes read back are the bytes the backend sent."""
+    try:
+        return RESULT_KEY, {"data": {RESULT_KEY: answer.decode("utf-8")}}
+    except UnicodeDecodeError:
+        return BINARY_KEY, {"binaryData": {BINARY_KEY: base64.b64encode(answer).decode("ascii")}}
+
+
+def _unwritten(state: RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome else None
+    log.warning("writing an executor outcome failed (%s); retrying in %.1fs", why(err), state.upcoming_sleep)

@@ -1,0 +1,139 @@
+"""API keys: who is calling the bridge, and what they may ask for.
+
+The keys file (mounted from a Secret) lists each key with the member and tier its calls count
+against, the highest priority it may request, and whether it is trusted to speak for its own users
+(``X-LlamaSwap-Member`` / ``X-LlamaSwap-Tier``). Keys are stored as SHA-256 digests or in clear.
+
+    keys:
+    - name: mort
+      sha256: 9f86d0...            # or key: sk-...
+      member: mort
+      tier: pro
+      maxPriority: 100
+      trusted: true
+    anonymous:                     # optional: callers without a key; absent means 401
+      member: anonymous
+      maxPriority: 0
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from gpulane.core.policy import CamelModel
+from gpulane.core.priority import parse_priority
+from gpulane.core.validation import describe
+
+MEMBER_HEADER = "X-LlamaSwap-Member"
+TIER_HEADER = "X-LlamaSwap-Tier"
+PRIORITY_HEADER = "X-LlamaSwap-Priority"
+
+
+class Grant(CamelModel):
+    member: str = Field(min_length=1, max_length=253)
+    tier: str = Field(default="free", min_length=1, max_length=63)
+    max_priority: int = 0
+    trusted: bool = False
+
+
+class Key(Grant):
+    name: str = Field(min_length=1, max_length=63)
+    key: str | None = Field(default=None, min_length=8)
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> Key:
+        if (self.key is None) == (self.sha256 is None):
+            raise ValueError(f"key {self.name!r}: give exactly one of 'key' and 'sha256'")
+        return self
+
+    @property
+    def digest(self) -> str:
+        return self.sha256 or hashlib.sha256((self.key or "").encode()).hexdigest()
+
+
+class KeysFile(CamelModel):
+    keys: list[Key] = Field(default_factory=list)
+    anonymous: Grant | None = None
+
+
+class KeysError(ValueError):
+    """A keys file that cannot be used; the message says where."""
+
+
+class Denied(Exception):
+    """A caller the bridge refuses (401 or 403), with the message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a call runs for, and at which priority."""
+
+    key: str  # the key's name ("anonymous" without one)
+    member: str
+    tier: str
+    priority: int
+    requested: int  # what the header asked for, before the key's cap
+
+
+class KeyRing:
+    def __init__(self, parsed: KeysFile) -> None:
+        self._by_digest = {k.digest: k for k in parsed.keys}
+        self._anonymous = parsed.anonymous
+
+    @classmethod
+    def load(cls, path: Path) -> KeyRing:
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+            return cls(KeysFile.model_validate(raw))
+        except OSError as err:
+            raise KeysError(f"{path}: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise KeysError(f"{path}: not YAML: {err}") from None
+        except ValidationError as err:
+            raise KeysError(f"{path}: {describe(err)}") from None
+
+    def identify(self, authorization: str | None, headers: Mapping[str, str]) -> Identity:
+        """The caller's identity from ``Authorization: Bearer KEY`` and the X-LlamaSwap headers
+        (``headers`` should be case-insensitive, as HTTP header names are)."""
+        grant: Grant
+        name = "anonymous"
+        token = _bearer(authorization)
+        if token is None:
+            if self._anonymous is None:
+                raise Denied(401, "an API key is required: send Authorization: Bearer <key>")
+            grant = self._anonymous
+        else:
+            digest = hashlib.sha256(token.encode()).hexdigest()
+            key = next((k for d, k in self._by_digest.items() if hmac.compare_digest(d, digest)), None)
+            if key is None:
+                raise Denied(401, "unknown API key")
+            grant, name = key, key.name
+        member, tier = grant.member, grant.tier
+        for header, current in ((MEMBER_HEADER, member), (TIER_HEADER, tier)):
+            value = headers.get(header)
+            if value is not None and value != current and not grant.trusted:
+                raise Denied(403, f"key {name!r} may not set {header}: only trusted keys speak for their users")
+        if grant.trusted:
+            member = headers.get(MEMBER_HEADER) or member
+            tier = headers.get(TIER_HEADER) or tier
+        requested = parse_priority(headers.get(PRIORITY_HEADER))
+        return Identity(name, member, tier, min(requested, grant.max_priority), requested)
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None

@@ -1,0 +1,92 @@
+"""``gpulane bridge``: the OpenAI-compatible HTTP bridge, and ``gpulane fake-backend``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import uvloop
+from aiohttp import web
+
+from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.executor import ManifestExecutor
+from gpulane.bridge.jobs import KubeJobQueue
+from gpulane.bridge.keys import KeyRing, KeysError
+from gpulane.kube.client import Kube, load_client
+
+
+def _endpoint(text: str) -> tuple[str, str]:
+    model, sep, url = text.partition("=")
+    if not sep or not model or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MODEL=http(s)://HOST:PORT")
+    return model, url
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = BridgeSettings()
+    parser.add_argument("--namespace", default=os.environ.get("GPULANE_NAMESPACE", "gpulane-system"),
+                        help="where the bridge creates its GpuJobs and holds its Lease")  # fmt: skip
+    parser.add_argument("--keys-file", required=True, type=Path, help="API keys (YAML; see gpulane/bridge/keys.py)")
+    parser.add_argument("--endpoint", action="append", type=_endpoint, default=[], metavar="MODEL=URL",
+                        help="send MODEL's calls to URL instead of the pod's endpoint (repeatable)")  # fmt: skip
+    parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--replica", default=socket.gethostname(), help="this replica's name (its jobs and Lease)")
+    parser.add_argument("--lease-seconds", type=int, default=10, help="how long the operator waits for a dead bridge")
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument("--max-queued", type=int, default=defaults.max_queued)
+    parser.add_argument("--max-queued-per-member", type=int, default=defaults.max_queued_per_member)
+    parser.add_argument("--max-run-seconds", type=int, default=defaults.max_run_seconds)
+    parser.add_argument("--no-execute-manifests", dest="execute_manifests", action="store_false",
+                        help="do not run GpuJobs that carry spec.request (another replica or tool does)")  # fmt: skip
+    parser.add_argument("--verbose", "-v", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    try:
+        keys = KeyRing.load(args.keys_file)
+    except KeysError as err:
+        raise SystemExit(f"error: {err}") from None
+    settings = BridgeSettings(
+        max_body_bytes=args.max_body_bytes,
+        max_queued=args.max_queued,
+        max_queued_per_member=args.max_queued_per_member,
+        max_run_seconds=args.max_run_seconds,
+        endpoints=dict(args.endpoint),
+    )
+    uvloop.run(_serve(args, keys, settings))
+    return 0
+
+
+async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettings) -> None:
+    kube = Kube(await load_client(args.kubeconfig), args.namespace)
+    queue = KubeJobQueue(kube, args.replica, args.lease_seconds)
+    await queue.start()
+    bridge = Bridge(queue, keys, settings)
+    executor = ManifestExecutor(kube, queue.lease, settings.endpoints)
+    if args.execute_manifests:
+        executor.start()
+    # Handlers are cancelled when their client disconnects: that is how a queued or running call
+    # learns to give its GPU back.
+    runner = web.AppRunner(bridge.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    logging.getLogger(__name__).info("bridge %s listening on %s:%d", args.replica, args.host, args.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    await executor.stop()
+    await queue.stop()
+    await kube.close()

@@ -1,0 +1,399 @@
+"""The dispatcher: a pure state machine from events to dispatch decisions.
+
+It never sleeps, never calls out and reads time only from the injected clock, so hours of
+scheduling run in milliseconds under test, and the simulator drives the very same code.
+Besides dispatches it expires jobs past their queue deadline and lets a load that no job has
+started on yield to a much better newcomer; the shell collects those with ``take_notices``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from gpulane.core.events import (
+    Dispatch,
+    Event,
+    Expired,
+    JobAdopted,
+    JobCancelled,
+    JobFinished,
+    JobSubmitted,
+    LaneUpdated,
+    ModelLoaded,
+    ModelUpdated,
+    Notice,
+    QueueServed,
+    Requeued,
+    UsageRestored,
+)
+from gpulane.core.jobs import Job, ModelCatalog
+from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.ranking import Ranking, make_ranking
+
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class Lane:
+    """One GPU. ``resident`` is the model loaded or loading; ``running`` holds its jobs' ids."""
+
+    id: str
+    online: bool = True
+    resident: str | None = None
+    running: set[str] = field(default_factory=set)
+    loading_since: float | None = None  # when the resident model's load began, until it is ready
+
+    @property
+    def ready(self) -> bool:
+        return self.resident is not None and self.loading_since is None
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a dispatch took from the queue: to correct the usage at the end, or to undo it."""
+
+    decision: Dispatch
+    seq: int  # the job's arrival sequence, to wait again in its place
+    seconds: float  # GPU-seconds charged to its member at dispatch
+    served_before: float | None  # its (member, band)'s served clock before the dispatch
+    last_arrival: int  # the newest arrival then: only later ones may make its load yield
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    job: Job
+    lane: str
+    started_at: float | None  # None while it waits for its model to load
+    charge: Charge | None = None  # None for a job adopted after a restart
+
+
+class DispatchError(ValueError):
+    """An event the dispatcher cannot accept (for example a duplicate job id)."""
+
+
+class Dispatcher:
+    HISTORY = 10_000
+
+    def __init__(
+        self,
+        policy: Policy,
+        clock: Clock,
+        models: ModelCatalog | None = None,
+        ranking: Ranking | None = None,
+        *,
+        explain: bool = True,
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.models = models if models is not None else ModelCatalog()
+        self.ranking = ranking if ranking is not None else make_ranking("gpulane", policy)
+        self.lanes: dict[str, Lane] = {}
+        self.running: dict[str, Running] = {}
+        self.history: deque[Dispatch] = deque(maxlen=self.HISTORY)
+        self._explain = explain
+        self._seq = 0
+        # Queue deadlines of jobs not started yet: job id -> (deadline, seq), and a heap of them
+        # with lazy deletion (an entry is live while the dict holds the same pair).
+        self._deadlines: dict[str, tuple[float, int]] = {}
+        self._deadline_heap: list[tuple[float, int, str]] = []
+        self._yielded: set[str] = set()  # jobs whose load yielded once: their next load sticks
+        self._notices: list[Notice] = []
+
+    # -- events -------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Dispatch]:
+        """Apply one event, then dispatch whatever the lanes now have room for."""
+        self._apply(event)
+        return self.decide()
+
+    def handle_all(self, events: Iterable[Event]) -> list[Dispatch]:
+        """Apply every event of one instant, in order, then decide once.
+
+        A job submitted at the instant a slot frees then competes for that slot on its score,
+        instead of losing it to whichever job was waiting when the finish was applied alone.
+        An event the dispatcher refuses raises as in ``handle``: the events before it stay
+        applied (they happened) and nothing is decided yet, so call ``decide`` next.
+        """
+        for event in events:
+            self._apply(event)
+        return self.decide()
+
+    def _apply(self, event: Event) -> None:
+        """Take one event into the state without deciding."""
+        match event:
+            case JobSubmitted(job):
+                self._submit(job)
+            case JobCancelled(job_id):
+                if self.ranking.remove(job_id) is not None:
+                    self._forget(job_id)
+            case JobFinished(job_id, run_seconds):
+                self._finish(job_id, run_seconds)
+            case JobAdopted(job, adopted_on, started_at):
+                self._adopt(job, adopted_on, started_at)
+            case QueueServed(member, priority, at):
+                self.ranking.note_served(member, priority, at)
+            case UsageRestored(member, priority, seconds, at):
+                self.ranking.restore_usage(member, priority, seconds, at)
+            case LaneUpdated(lane_id, online, resident):
+                self._update_lane(lane_id, online, resident)
+            case ModelLoaded(lane_id, model, load_seconds):
+                self._loaded(lane_id, model)
+                if load_seconds is not None:
+                    self.models.observe_load(model, load_seconds)
+            case ModelUpdated(spec):
+                self.models.update(spec)
+
+    def replace_policy(self, policy: Policy) -> list[tuple[Job, str]]:
+        """Re-rank every waiting job under ``policy``, keeping arrival order and fair-share clocks.
+
+        Returns the jobs the new policy refuses (an unknown tier, a priority out of bounds) with the
+        reason; they leave the queue. Running jobs and lanes are untouched; call ``decide`` next.
+        """
+        old, spacing, now = self.ranking, self.policy.band_spacing, self.clock()
+        self.policy = policy
+        self.ranking = make_ranking(old.name, policy)
+        for (member, band), at in old.served().items():
+            self.ranking.note_served(member, band * spacing, at)
+        for (member, band), seconds in old.usage(now).items():
+            self.ranking.restore_usage(member, band * spacing, seconds, now)
+        rejected: list[tuple[Job, str]] = []
+        for job in old.pending():  # in arrival order
+            self._forget(job.id)
+            try:
+                policy.bonus_for_tier(job.tier)
+                policy.check_priority(job.priority)
+            except PolicyError as err:
+                rejected.append((job, str(err)))
+                continue
+            self._seq += 1
+            self.ranking.add(job, self._seq)
+            self._set_deadline(job)  # the band defaults may have changed
+        return rejected
+
+    def take_notices(self) -> list[Notice]:
+        """Jobs the dispatcher took out of the queue or off a lane on its own since the last call:
+        expired past their deadline (``Expired``), or back in the queue after a load yielded
+        (``Requeued``). The shell turns them into API writes."""
+        notices, self._notices = self._notices, []
+        return notices
+
+    def next_deadline(self) -> float | None:
+        """The earliest queue deadline of a job not started yet: call ``decide`` then to expire it."""
+        heap = self._deadline_heap
+        while heap and self._deadlines.get(heap[0][2]) != heap[0][:2]:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.ranking)
+
+    def _submit(self, job: Job) -> None:
+        if job.id in self.ranking or job.id in self.running:
+            raise DispatchError(f"job {job.id!r} is already known to the dispatcher")
+        self.policy.bonus_for_tier(job.tier)  # rejects unknown tiers before they are queued
+        self.policy.check_priority(job.priority)
+        if not math.isfinite(job.submitted_at):
+            raise DispatchError(f"job {job.id!r}: submission time {job.submitted_at} is not finite")
+        expected = job.expected_run_seconds
+        if expected is not None and not (math.isfinite(expected) and expected >= 0):
+            raise DispatchError(f"job {job.id!r}: expected run seconds {expected} is not a finite number >= 0")
+        timeout = job.queue_timeout_seconds
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise DispatchError(f"job {job.id!r}: queue timeout {timeout} is not a finite number of seconds > 0")
+        self._seq += 1
+        self.ranking.add(job, self._seq)
+        self._set_deadline(job)
+
+    def _set_deadline(self, job: Job) -> None:
+        timeout = self.policy.queue_timeout(job.priority, job.queue_timeout_seconds)
+        if timeout is not None:
+            entry = (job.submitted_at + timeout, self._seq)
+            self._deadlines[job.id] = entry
+            heapq.heappush(self._deadline_heap, (*entry, job.id))
+
+    def _forget(self, job_id: str) -> None:
+        self._deadlines.pop(job_id, None)
+        self._yielded.discard(job_id)
+
+    def _finish(self, job_id: str, run_seconds: float | None) -> None:
+        done = self.running.pop(job_id, None)
+        if done is None:
+            return  # finishing twice, or a job we never dispatched: nothing holds capacity
+        self._forget(job_id)
+        lane = self.lanes.get(done.lane)
+        if lane is not None:
+            lane.running.discard(job_id)
+        if run_seconds is not None:
+            self.models.observe_run(done.job.model, run_seconds)
+        self._settle(done)
+
+    def _settle(self, run: Running) -> None:
+        """Correct the member's charge to the time the job really held its lane, load included."""
+        if run.charge is not None:
+            start, charged = run.charge.decision.at, run.charge.seconds
+            used = max(0.0, self.clock() - start)
+            if used != charged:
+                self.ranking.correct_usage(run.job.member, run.job.priority, start, charged, used)
+
+    def _adopt(self, job: Job, lane_id: str, started_at: float) -> None:
+        self.ranking.remove(job.id)
+        self._forget(job.id)
+        lane = self.lanes.setdefault(lane_id, Lane(lane_id))
+        lane.resident, lane.loading_since = job.model, None
+        lane.running.add(job.id)
+        self.running[job.id] = Running(job, lane_id, started_at)
+        self.ranking.note_served(job.member, job.priority, started_at)
+
+    def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
+        lane = self.lanes.setdefault(lane_id, Lane(lane_id))
+        lane.online = online
+        if resident != lane.resident:
+            lane.resident, lane.loading_since = resident, None
+
+    def _loaded(self, lane_id: str, model: str) -> None:
+        lane = self.lanes.get(lane_id)
+        if lane is None or lane.resident != model or lane.ready:
+            return  # a stale report: the lane has moved on, or already knows
+        now = self.clock()
+        lane.loading_since = None
+        for job_id in lane.running:
+            run = self.running[job_id]
+            deadline = self._deadlines.get(job_id)
+            if run.started_at is None and (deadline is None or deadline[0] > now):  # else it expires instead
+                self.running[job_id] = replace(run, started_at=now)
+                self._deadlines.pop(job_id, None)
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def decide(self) -> list[Dispatch]:
+        """Dispatch whatever the lanes have room for (``handle`` and ``handle_all`` end with this)."""
+        now = self.clock()
+        self._expire(now)
+        if self.policy.load_yield:
+            self._yield_loads(now)
+        decisions: list[Dispatch] = []
+        while len(self.ranking):
+            choice = self._best_pair()
+            if choice is None:
+                break
+            decisions.append(self._dispatch(*choice))
+        return decisions
+
+    def _expire(self, now: float) -> None:
+        """Jobs at their deadline leave the queue, or the lane whose load they were waiting for."""
+        heap = self._deadline_heap
+        while heap and heap[0][0] <= now:
+            deadline, seq, job_id = heapq.heappop(heap)
+            if self._deadlines.get(job_id) != (deadline, seq):
+                continue
+            self._forget(job_id)
+            job, lane = self.ranking.remove(job_id), None
+            if job is None:  # dispatched to a lane still loading: it never starts
+                run = self.running.pop(job_id)
+                self.lanes[run.lane].running.discard(job_id)
+                self._settle(run)
+                job, lane = run.job, run.lane
+            self._notices.append(Expired(job, now, deadline, lane))
+
+    def _yield_loads(self, now: float) -> None:
+        """A load no job started on gives way to a newcomer that outscores its jobs past the offsets.
+
+        Tier and affinity only break near-ties, so only a newcomer from a higher band (or aged far
+        ahead) qualifies; the load's jobs wait again in their places. Once per job, then it sticks.
+        """
+        lanes = self.lanes.values()
+        if any(lane.online and not lane.running for lane in lanes):
+            return  # the newcomer has a lane without taking one away
+        margin = max(self.policy.tier_bonus.values()) + self.policy.affinity_bonus
+        for lane in lanes:
+            if lane.loading_since is None or not lane.running or not lane.online:
+                continue
+            runs = [self.running[job_id] for job_id in lane.running]
+            charges = [r.charge for r in runs if r.charge is not None and r.job.id not in self._yielded]
+            if len(charges) < len(runs):
+                continue
+            best = self.ranking.best(None)
+            if best is None:
+                return
+            _, seq, newcomer = best
+            if seq <= max(c.last_arrival for c in charges):
+                continue
+            # The load's jobs as they would score now, had they kept waiting (without affinity).
+            waiting = max(
+                c.decision.score.total
+                - c.decision.score.affinity
+                + (now - c.decision.at) / self.policy.aging_divisor_seconds
+                for c in charges
+            )
+            if self.ranking.breakdown(newcomer, None, now).total - waiting <= margin:
+                continue
+            for run, charge in zip(runs, charges, strict=True):
+                del self.running[run.job.id]
+                lane.running.discard(run.job.id)
+                self.ranking.untake(run.job, charge.seq, charge.decision.at, charge.seconds, charge.served_before)
+                self._yielded.add(run.job.id)
+                self._notices.append(Requeued(run.job, lane.id, now, newcomer.id))
+
+    def _best_pair(self) -> tuple[Lane, Job, int] | None:
+        """The best (lane, job) pair a lane may start now.
+
+        A lane with room starts its best job if that job uses the resident model. If the best
+        job needs another model, a busy lane starts nothing below it: it drains, then swaps.
+        """
+        chosen: tuple[float, int, Lane, Job] | None = None
+        for lane in self.lanes.values():
+            if not lane.online:
+                continue
+            if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
+                continue
+            best = self.ranking.best(lane.resident)
+            if best is None:
+                return None
+            value, seq, job = best
+            if lane.running and job.model != lane.resident:
+                continue
+            if chosen is None or value > chosen[0] or (value == chosen[0] and seq < chosen[1]):
+                chosen = (value, seq, lane, job)
+        return None if chosen is None else (chosen[2], chosen[3], chosen[1])
+
+    def _dispatch(self, lane: Lane, job: Job, seq: int) -> Dispatch:
+        now = self.clock()
+        score = self.ranking.breakdown(job, lane.resident, now)
+        changed = self.ranking.alternatives(lane.resident, job) if self._explain else {}
+        load = job.model != lane.resident
+        replaces = lane.resident if load else None
+        # Charged now, so that a burst's usage shows at once; corrected when the job ends.
+        expected = self.models.expected_run(job) + (self.models.get(job.model).load_seconds if load else 0.0)
+        served_before = self.ranking.take(job, now, expected)
+        if load:
+            lane.resident, lane.loading_since = job.model, now
+        lane.running.add(job.id)
+        decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
+        charge = Charge(decision, seq, expected, served_before, self._seq)
+        started = now if lane.ready else None
+        if started is not None:
+            self._deadlines.pop(job.id, None)
+        self.running[job.id] = Running(job, lane.id, started, charge)
+        if self._explain:
+            self.history.append(decision)
+        return decision
+
+    # -- forecasts ----------------------------------------------------------------------
+
+    def fork(self, clock: Clock) -> Dispatcher:
+        """An independent copy on another clock, for forecasts (explanations off)."""
+        clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
+        clone.lanes = {
+            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since) for k, v in self.lanes.items()
+        }
+        clone.running = dict(self.running)
+        clone._seq = self._seq
+        clone._deadlines = dict(self._deadlines)
+        clone._deadline_heap = list(self._deadline_heap)
+        clone._yielded = set(self._yielded)
+        return clone

@@ -1,0 +1,141 @@
+"""What happens to the dispatcher (events) and what it decides (dispatches)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpulane.core.jobs import Job, ModelSpec
+from gpulane.core.score import ScoreBreakdown
+
+
+@dataclass(frozen=True, slots=True)
+class JobSubmitted:
+    job: Job
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelled:
+    """A pending job leaves the queue. Running jobs are never preempted by the core."""
+
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    job_id: str
+    run_seconds: float | None = None  # observed, to learn the model's run time
+
+
+@dataclass(frozen=True, slots=True)
+class JobAdopted:
+    """A job found already running on a lane (after a restart): it holds capacity."""
+
+    job: Job
+    lane: str
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueServed:
+    """A member's queue at ``priority``'s band was last served at ``at``.
+
+    After a restart the shell replays pending jobs, then reports when each (member, band) was
+    last served, so that a burst does not suddenly count its whole age (the burst pitfall).
+    """
+
+    member: str
+    priority: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRestored:
+    """A member's queue at ``priority``'s band had used ``gpu_seconds`` (decayed) as of ``at``.
+
+    After a restart the shell reports each (member, band)'s persisted usage (``Ranking.usage``),
+    so that fair share by GPU time does not start over. It sets the usage; replaying it is harmless.
+    """
+
+    member: str
+    priority: int
+    gpu_seconds: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LaneUpdated:
+    """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it."""
+
+    lane: str
+    online: bool = True
+    resident: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoaded:
+    lane: str
+    model: str
+    load_seconds: float | None = None  # observed, to learn the model's load time
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUpdated:
+    """A model's spec changed (for example its concurrency)."""
+
+    spec: ModelSpec
+
+
+Event = (
+    JobSubmitted
+    | JobCancelled
+    | JobFinished
+    | JobAdopted
+    | QueueServed
+    | UsageRestored
+    | LaneUpdated
+    | ModelLoaded
+    | ModelUpdated
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Run ``job`` on ``lane``. ``load`` means the lane must load ``model`` first (replacing ``replaces``)."""
+
+    job: Job
+    lane: str
+    model: str
+    load: bool
+    replaces: str | None
+    at: float
+    score: ScoreBreakdown
+    # Terms that changed the winner, each mapped to the job that would have won without it.
+    changed_by: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """``job`` waited past its queue deadline and left the queue (Failed, reason QueueTimeout).
+
+    ``lane`` is set when the job had been dispatched to a lane that was still loading its model:
+    it never started, and its place on the lane is free again.
+    """
+
+    job: Job
+    at: float
+    deadline: float
+    lane: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Requeued:
+    """``job`` was dispatched to ``lane`` but its load yielded to ``to``; it waits again (Pending)."""
+
+    job: Job
+    lane: str
+    at: float
+    to: str
+
+
+# What the dispatcher did on its own, besides dispatching: ``Dispatcher.take_notices``.
+Notice = Expired | Requeued

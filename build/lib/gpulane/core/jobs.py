@@ -1,0 +1,77 @@
+"""What the core knows about a job and a model: plain values, no Kubernetes types."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    model: str
+    priority: int = 0
+    tier: str = "free"
+    member: str = "anonymous"
+    submitted_at: float = 0.0
+    # Overrides the model's learned run time in forecasts when the submitter knows better.
+    expected_run_seconds: float | None = None
+    # How long its caller waits for it to start; the policy's band default may be smaller.
+    queue_timeout_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    max_concurrency: int = 1
+    load_seconds: float = 60.0
+    run_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
+            raise ValueError(f"model {self.name!r}: maxConcurrency must be an integer, got {self.max_concurrency!r}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"model {self.name!r}: maxConcurrency must be >= 1, got {self.max_concurrency}")
+        for what, value in (("load", self.load_seconds), ("run", self.run_seconds)):
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"model {self.name!r}: {what} seconds must be a finite number >= 0, got {value}")
+
+
+class ModelCatalog:
+    """Model specs plus learned load and run times (an exponential moving average)."""
+
+    SMOOTHING = 0.2
+
+    def __init__(self, specs: Iterable[ModelSpec] = (), default: ModelSpec | None = None) -> None:
+        self._specs = {s.name: s for s in specs}
+        self._default = default or ModelSpec("*")
+
+    def get(self, name: str) -> ModelSpec:
+        spec = self._specs.get(name)
+        return spec if spec is not None else replace(self._default, name=name)
+
+    def update(self, spec: ModelSpec) -> None:
+        self._specs[spec.name] = spec
+
+    def concurrency(self, name: str | None) -> int:
+        return 1 if name is None else self.get(name).max_concurrency
+
+    def observe_load(self, name: str, seconds: float) -> None:
+        spec = self.get(name)
+        self._specs[name] = replace(spec, load_seconds=self._blend(spec.load_seconds, seconds))
+
+    def observe_run(self, name: str, seconds: float) -> None:
+        spec = self.get(name)
+        self._specs[name] = replace(spec, run_seconds=self._blend(spec.run_seconds, seconds))
+
+    def expected_run(self, job: Job) -> float:
+        if job.expected_run_seconds is not None:
+            return job.expected_run_seconds
+        return self.get(job.model).run_seconds
+
+    def copy(self) -> ModelCatalog:
+        return ModelCatalog(self._specs.values(), self._default)
+
+    def _blend(self, old: float, observed: float) -> float:
+        return old + self.SMOOTHING * (max(0.0, observed) - old)

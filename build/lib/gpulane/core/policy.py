@@ -1,0 +1,135 @@
+"""The scoring policy: tier bonuses, affinity, aging and the band invariant it must keep."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import SkipJsonSchema
+
+from gpulane.core.durations import MAX_SECONDS
+from gpulane.core.priority import band_of, shown
+
+# "Far larger": the band spacing must exceed the bounded offsets by this factor, so that
+# tier and affinity can only ever break near-ties inside a band (100 vs 2 + 10 passes).
+SPACING_FACTOR = 4
+
+FairShare = Literal["usage", "turns"]
+FAIR_SHARE_MODES: tuple[FairShare, ...] = ("usage", "turns")
+
+
+class PolicyError(ValueError):
+    """A policy that must not be accepted; the message states the numbers involved."""
+
+
+class CamelModel(BaseModel):
+    """Fields are snake_case in Python and camelCase in YAML/JSON, as Kubernetes resources are."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class PriorityBounds(CamelModel):
+    min: int = -1000
+    max: int = 1000
+
+    @model_validator(mode="after")
+    def _ordered(self) -> PriorityBounds:
+        if self.min > self.max:
+            raise PolicyError(
+                f"priorityBounds.min ({shown(self.min)}) is greater than priorityBounds.max ({shown(self.max)})"
+            )
+        return self
+
+
+class Policy(CamelModel):
+    tier_bonus: dict[str, int] = Field(default_factory=lambda: {"free": 0, "pro": 1, "max": 2})
+    affinity_bonus: int = Field(default=10, ge=0)
+    aging_divisor_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
+    band_spacing: int = Field(default=100, gt=0)
+    priority_bounds: PriorityBounds = Field(default_factory=PriorityBounds)
+    # The fields below are left out of the GpuPolicy CRD (SkipJsonSchema) until the API exposes them;
+    # drop the wrapper there and run `make crds`.
+    # How members of one band share the GPU: by decayed GPU seconds (usage) or by taking turns.
+    fair_share: SkipJsonSchema[FairShare] = "usage"
+    fair_share_half_life_seconds: SkipJsonSchema[float] = 3600.0
+    # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
+    queue_timeout_seconds: SkipJsonSchema[dict[int, float]] = Field(default_factory=dict)
+    # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
+    # Off until the operator handles the Requeued notice (a yield would leave it out of step).
+    load_yield: SkipJsonSchema[bool] = False
+
+    @field_validator("fair_share", mode="before")
+    @classmethod
+    def _known_mode(cls, value: object) -> object:
+        if value not in FAIR_SHARE_MODES:
+            raise PolicyError(f"fairShare must be one of {', '.join(FAIR_SHARE_MODES)}, got {str(value)[:40]!r}")
+        return value
+
+    @field_validator("fair_share_half_life_seconds", mode="before")
+    @classmethod
+    def _half_life(cls, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 1 <= value <= MAX_SECONDS:
+            raise PolicyError(
+                f"fairShareHalfLifeSeconds must be a number of seconds from 1 to {MAX_SECONDS:.0f} (10 years), "
+                f"got {str(value)[:40]!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _invariant(self) -> Policy:
+        if not self.tier_bonus:
+            raise PolicyError("tierBonus must name at least one tier")
+        negative = {t: b for t, b in self.tier_bonus.items() if b < 0}
+        if negative:
+            listed = ", ".join(f"{t}: {shown(b)}" for t, b in negative.items())
+            raise PolicyError(f"tier bonuses must be >= 0, got {listed}")
+        largest = max(self.tier_bonus.values())
+        offsets = largest + self.affinity_bonus
+        needed = SPACING_FACTOR * offsets
+        if self.band_spacing < needed or self.band_spacing <= offsets:
+            raise PolicyError(
+                f"bandSpacing {shown(self.band_spacing)} is too small: the largest tier bonus plus the affinity "
+                f"bonus is {shown(largest)} + {shown(self.affinity_bonus)} = {shown(offsets)}, and the "
+                f"spacing must be at least {SPACING_FACTOR}x that ({shown(needed)}) so that tier and affinity "
+                f"never lift a job over a higher band"
+            )
+        for band, seconds in self.queue_timeout_seconds.items():
+            if band % self.band_spacing:
+                raise PolicyError(
+                    f"queueTimeoutSeconds key {shown(band)} is not a band: use the band's priority, a multiple of "
+                    f"bandSpacing {shown(self.band_spacing)} (e.g. 100 for interactive)"
+                )
+            if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+                raise PolicyError(
+                    f"queueTimeoutSeconds for band {shown(band)} must be more than 0 seconds and at most 10 years, "
+                    f"got {seconds}"
+                )
+        return self
+
+    def queue_timeout(self, priority: int, own: float | None) -> float | None:
+        """The job's own timeout or its band's default, whichever is smaller (as llm-d's flow control)."""
+        default = self.queue_timeout_seconds.get(self.band(priority) * self.band_spacing)
+        if own is None or default is None:
+            return default if own is None else own
+        return min(own, default)
+
+    def bonus_for_tier(self, tier: str) -> int:
+        try:
+            return self.tier_bonus[tier]
+        except KeyError:
+            known = ", ".join(sorted(self.tier_bonus))
+            raise PolicyError(f"unknown tier {tier!r}; this policy knows {known}") from None
+
+    def band(self, priority: int) -> int:
+        return band_of(priority, self.band_spacing)
+
+    def check_priority(self, priority: object) -> int:
+        """The priority if it is an int inside the policy's bounds; a PolicyError saying why otherwise."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise PolicyError(f"priority must be an integer, got {type(priority).__name__}")
+        low, high = self.priority_bounds.min, self.priority_bounds.max
+        if not low <= priority <= high:
+            raise PolicyError(f"priority {shown(priority)} is outside this policy's bounds [{low}, {high}]")
+        return priority

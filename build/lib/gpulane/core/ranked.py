@@ -1,0 +1,90 @@
+"""A ranked set of items with static keys, and a bonus for one model at lookup time.
+
+Aging grows at the same rate for every waiting job, so between events the order of jobs
+never changes: a job's score is ``static_key + now / divisor`` (plus affinity). Keys are
+therefore computed once, at insertion, and lookups are heap peeks instead of rescoring.
+Removal is lazy: an entry is live only while it is the one recorded for its item.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# (-key, seq, unique counter, item, model, payload): the counter keeps comparisons away from the rest.
+Entry = tuple[float, int, int, Hashable, str, T]
+
+
+class RankedIndex(Generic[T]):
+    """Highest key first, ties to the lowest seq; one heap overall and one per model."""
+
+    def __init__(self) -> None:
+        self._all: list[Entry[T]] = []
+        self._by_model: dict[str, list[Entry[T]]] = {}
+        self._live: dict[Hashable, Entry[T]] = {}
+        self._counter = itertools.count()
+
+    def put(self, item: Hashable, model: str, key: float, seq: int, payload: T) -> None:
+        entry: Entry[T] = (-key, seq, next(self._counter), item, model, payload)
+        self._live[item] = entry
+        heapq.heappush(self._all, entry)
+        heapq.heappush(self._by_model.setdefault(model, []), entry)
+        if len(self._all) > 64 and len(self._all) > 4 * len(self._live):
+            self._compact()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def current(self, item: Hashable) -> T | None:
+        entry = self._live.get(item)
+        return None if entry is None else entry[5]
+
+    def discard(self, item: Hashable) -> None:
+        self._live.pop(item, None)
+
+    def best(self, model: str | None, bonus: float) -> tuple[float, int, T] | None:
+        """The best (value, seq, payload), where items of ``model`` get ``bonus`` added."""
+        top = self._peek(self._all)
+        if top is None:
+            return None
+        value, seq, payload = -top[0], top[1], top[5]
+        if model is not None and bonus:
+            heap = self._by_model.get(model)
+            local = self._peek(heap) if heap else None
+            if local is not None:
+                local_value = -local[0] + bonus
+                if local_value > value or (local_value == value and local[1] < seq):
+                    value, seq, payload = local_value, local[1], local[5]
+        return value, seq, payload
+
+    def copy(self) -> RankedIndex[T]:
+        clone: RankedIndex[T] = RankedIndex()
+        clone._all = list(self._all)
+        clone._by_model = {m: list(h) for m, h in self._by_model.items()}
+        clone._live = dict(self._live)
+        clone._counter = itertools.count(next(self._counter))
+        return clone
+
+    def _peek(self, heap: list[Entry[T]]) -> Entry[T] | None:
+        while heap:
+            top = heap[0]
+            if self._live.get(top[3]) is top:
+                return top
+            heapq.heappop(heap)
+        return None
+
+    def _compact(self) -> None:
+        """Lazy removal leaves stale entries behind; rebuild once they dominate."""
+        live = list(self._live.values())
+        heapq.heapify(live)
+        self._all = live
+        by_model: dict[str, list[Entry[T]]] = {}
+        for entry in live:
+            by_model.setdefault(entry[4], []).append(entry)
+        for heap in by_model.values():
+            heapq.heapify(heap)
+        self._by_model = by_model

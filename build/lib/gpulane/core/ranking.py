@@ -1,0 +1,428 @@
+"""Rankings decide which waiting job a lane should run next.
+
+``FairShareRanking`` is gpulane's policy. The baselines (FIFO, strict priority, llama-swap)
+share the dispatcher and event loop, so comparisons measure the ranking and nothing else
+(plus, for llama-swap, its admission cap: ``sim/llamaswap.py``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+from typing import Protocol, TypeVar
+
+from gpulane.core.jobs import Job
+from gpulane.core.policy import Policy
+from gpulane.core.ranked import RankedIndex
+from gpulane.core.score import ScoreBreakdown
+from gpulane.core.usage import UsageLedger
+
+Best = tuple[float, int, Job]
+MemberLevel = tuple[str, int]  # (member, band index)
+
+
+class Ranking(Protocol):
+    name: str
+
+    def __len__(self) -> int: ...
+    def __contains__(self, job_id: object) -> bool: ...
+    def pending(self) -> Iterator[Job]: ...
+    def add(self, job: Job, seq: int) -> None: ...
+    def remove(self, job_id: str) -> Job | None: ...
+    def take(self, job: Job, now: float, charge: float = 0.0) -> float | None: ...
+    def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None: ...
+    def note_served(self, member: str, priority: int, at: float) -> None: ...
+    def served(self) -> dict[MemberLevel, float]: ...
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None: ...
+    def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None: ...
+    def usage(self, now: float) -> dict[MemberLevel, float]: ...
+    def best(self, resident: str | None) -> Best | None: ...
+    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
+    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]: ...
+    def copy(self) -> Ranking: ...
+
+
+QueueKey = tuple[str, int, str]
+_K = TypeVar("_K", MemberLevel, QueueKey)
+_E = TypeVar("_E", tuple[int, int, str], tuple[float, int, str])
+
+
+class FairShareRanking:
+    """Priority + tier + affinity + aging, with aging measured per (member, band) queue.
+
+    Each member has a queue per band (ordered by priority inside the band), split by model so
+    that affinity can pick the member's job for the resident model. Only the split queues'
+    heads compete. Aging measures how long the member's queue has gone unserved: the clock of
+    the member's oldest waiting job starts at the later of its submission and the member's last
+    dispatch in that band, so a burst ages as one queue, not as hundreds of jobs. That is what
+    keeps a 174-shot film from outranking fresh interactive work (brief section 2).
+
+    The member's younger jobs keep their distance behind that oldest job (their clock starts
+    later by the submission gap), so inside a member the order stays first-come first-served,
+    and affinity can only pull forward a job submitted within ``affinity_bonus`` aging-points of
+    the oldest. A member's own traffic can therefore never starve the member's other work.
+
+    With ``fair_share: usage`` the members of one band are ranked by their decayed GPU usage
+    instead of their turns: inside a band the queue clock starts at the member's usage clock
+    (``core/usage.py``), so the member who used the least goes first whatever its jobs' lengths.
+    Each band then competes with the job it picked, at that job's own score: the band, tier,
+    affinity and aging terms across bands are unchanged.
+    """
+
+    def __init__(self, policy: Policy, name: str = "gpulane") -> None:
+        self.name = name
+        self.policy = policy
+        self._divisor = policy.aging_divisor_seconds
+        self._by_usage = policy.fair_share == "usage"
+        self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
+        # Turns: every head by its score. Usage: per band, the heads by usage clock, and each head's score.
+        self._heads: RankedIndex[Job] = RankedIndex()
+        self._bands: dict[int, RankedIndex[Job]] = {}
+        self._own_key: dict[QueueKey, float] = {}
+        self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
+        # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
+        # never reused, so a job re-submitted under a cancelled job's id never revives old entries.
+        self._live_seqs: set[int] = set()
+        self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
+        self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
+        self._live_in_queue: dict[QueueKey, int] = {}
+        self._live_in_level: dict[MemberLevel, int] = {}
+        self._models: dict[MemberLevel, set[str]] = {}
+        self._last_dispatch: dict[MemberLevel, float] = {}
+        self._heads_no_aging: RankedIndex[Job] = RankedIndex()
+        self._no_fair_share: RankedIndex[Job] = RankedIndex()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def pending(self) -> Iterator[Job]:
+        return (entry[0] for entry in self._jobs.values())
+
+    def add(self, job: Job, seq: int) -> None:
+        level = (job.member, self.policy.band(job.priority))
+        base = job.priority + self.policy.bonus_for_tier(job.tier)
+        self._jobs[job.id] = (job, seq, level, base)
+        self._live_seqs.add(seq)
+        qkey = (*level, job.model)
+        queue = self._queues.setdefault(qkey, [])
+        heapq.heappush(queue, (-job.priority, seq, job.id))
+        self._live_in_queue[qkey] = self._live_in_queue.get(qkey, 0) + 1
+        self._models.setdefault(level, set()).add(job.model)
+        oldest = self._oldest.setdefault(level, [])
+        heapq.heappush(oldest, (job.submitted_at, seq, job.id))
+        self._live_in_level[level] = self._live_in_level.get(level, 0) + 1
+        if oldest[0][1] == seq:
+            self._refresh_level(level)  # every clock in the level is measured from the oldest job
+        elif queue[0][1] == seq:
+            self._refresh_head(qkey)
+        self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
+
+    def remove(self, job_id: str) -> Job | None:
+        if job_id not in self._jobs:
+            return None
+        job, level = self._forget(job_id)
+        qkey = (*level, job.model)
+        if self._is_stale(self._oldest[level][0]):
+            self._refresh_level(level)
+        elif self._is_stale(self._queues[qkey][0]):
+            self._refresh_head(qkey)
+        else:  # deep inside its heaps: rebuild them if such leftovers pile up
+            self._compact(self._queues, qkey, self._live_in_queue[qkey])
+            self._compact(self._oldest, level, self._live_in_level[level])
+        return job
+
+    def take(self, job: Job, now: float, charge: float = 0.0) -> float | None:
+        """Dispatch ``job`` and charge ``charge`` GPU-seconds; returns the level's previous served time."""
+        level = self._forget(job.id)[1]
+        before = self._last_dispatch.get(level)
+        if charge:
+            self._ledger.charge_run(level, charge, now)
+        self._served(level, now)
+        return before
+
+    def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None:
+        """Undo ``take(job, at, charge)``: the job waits again in its place, its member as if never served."""
+        level = (job.member, self.policy.band(job.priority))
+        if self._last_dispatch.get(level, at) == at:  # nobody in the level was served since
+            if served_before is None:
+                self._last_dispatch.pop(level, None)
+            else:
+                self._last_dispatch[level] = served_before
+        if charge:
+            self._ledger.correct_run(level, charge, 0.0, at)
+        self.add(job, seq)
+        self._refresh_level(level)
+
+    def note_served(self, member: str, priority: int, at: float) -> None:
+        """A (member, band) queue was served at ``at``: restores fair-share clocks after a restart."""
+        self._served((member, self.policy.band(priority)), at)
+
+    def served(self) -> dict[MemberLevel, float]:
+        """When each (member, band) queue was last served, for the levels whose aging it still affects."""
+        return dict(self._last_dispatch)
+
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+        """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
+        level = (member, self.policy.band(priority))
+        self._ledger.correct_run(level, charged, used, start)
+        self._usage_changed(level)
+
+    def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
+        """Set a (member, band)'s decayed usage as of ``at``: restores fair share after a restart."""
+        level = (member, self.policy.band(priority))
+        self._ledger.restore(level, seconds, at)
+        self._usage_changed(level)
+
+    def usage(self, now: float) -> dict[MemberLevel, float]:
+        """Each (member, band)'s decayed GPU-seconds at ``now``, to persist (both modes keep it)."""
+        return self._ledger.snapshot(now)
+
+    def best(self, resident: str | None) -> Best | None:
+        bonus = self.policy.affinity_bonus * self._divisor
+        return self._best_by_usage(resident, bonus) if self._by_usage else self._heads.best(resident, bonus)
+
+    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
+        # Aging is negative for a member's job that sits its submission gap behind the member's
+        # oldest waiting job, right after the member was served; reported as ranked.
+        level = (job.member, self.policy.band(job.priority))
+        return ScoreBreakdown(
+            priority=job.priority,
+            tier=self.policy.bonus_for_tier(job.tier),
+            affinity=self.policy.affinity_bonus if job.model == resident else 0,
+            aging=(now - self._aging_start(job, level)) / self._divisor,
+        )
+
+    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
+        """The winner without each term; a term appears only where it changed the winner."""
+        bonus = self.policy.affinity_bonus
+        candidates = {
+            "aging": self._heads_no_aging.best(resident, bonus),
+            "affinity": self.best(None),
+            "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),  # usage or turns
+        }
+        return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
+
+    def copy(self) -> FairShareRanking:
+        clone = FairShareRanking(self.policy, self.name)
+        clone._ledger = self._ledger.copy()
+        clone._bands = {band: index.copy() for band, index in self._bands.items()}
+        clone._own_key = dict(self._own_key)
+        clone._jobs = dict(self._jobs)
+        clone._live_seqs = set(self._live_seqs)
+        clone._queues = {k: list(q) for k, q in self._queues.items()}
+        clone._oldest = {k: list(v) for k, v in self._oldest.items()}
+        clone._live_in_queue = dict(self._live_in_queue)
+        clone._live_in_level = dict(self._live_in_level)
+        clone._models = {k: set(v) for k, v in self._models.items()}
+        clone._last_dispatch = dict(self._last_dispatch)
+        clone._heads = self._heads.copy()
+        clone._heads_no_aging = self._heads_no_aging.copy()
+        clone._no_fair_share = self._no_fair_share.copy()
+        return clone
+
+    def _forget(self, job_id: str) -> tuple[Job, MemberLevel]:
+        job, seq, level, _ = self._jobs.pop(job_id)
+        self._live_seqs.discard(seq)
+        self._no_fair_share.discard(job_id)
+        self._live_in_queue[(*level, job.model)] -= 1
+        self._live_in_level[level] -= 1
+        return job, level
+
+    def _usage_changed(self, level: MemberLevel) -> None:
+        if self._by_usage and level in self._oldest:
+            self._refresh_level(level)
+
+    def _best_by_usage(self, resident: str | None, bonus: float) -> Best | None:
+        """Each band's job by usage, then the best of those by their own scores."""
+        chosen: Best | None = None
+        for band, index in self._bands.items():
+            top = index.best(resident, bonus)
+            if top is None:
+                continue
+            job = top[2]
+            value = self._own_key[(job.member, band, job.model)] + (bonus if job.model == resident else 0.0)
+            if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
+                chosen = (value, top[1], job)
+        return chosen
+
+    def _served(self, level: MemberLevel, at: float) -> None:
+        self._last_dispatch[level] = max(at, self._last_dispatch.get(level, at))
+        if level in self._oldest:
+            self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
+
+    def _is_stale(self, entry: tuple[float, int, str]) -> bool:
+        return entry[1] not in self._live_seqs
+
+    def _compact(self, heaps: dict[_K, list[_E]], key: _K, live: int) -> None:
+        heap = heaps[key]
+        if len(heap) > 2 * live + 16:
+            heap[:] = [e for e in heap if not self._is_stale(e)]
+            heapq.heapify(heap)
+
+    def _aging_start(self, job: Job, level: MemberLevel) -> float:
+        last = self._last_dispatch.get(level)
+        if last is None:
+            return job.submitted_at
+        return max(job.submitted_at, last + job.submitted_at - self._oldest[level][0][0])
+
+    def _usage_start(self, job: Job, level: MemberLevel) -> float:
+        """The queue clock inside the band under usage: the member's usage clock, not its last turn."""
+        clock = self._ledger.clock(level)
+        if clock is None:
+            return job.submitted_at
+        return max(job.submitted_at, clock + job.submitted_at - self._oldest[level][0][0])
+
+    def _refresh_level(self, level: MemberLevel) -> None:
+        oldest, live = self._oldest[level], self._live_seqs
+        while oldest and oldest[0][1] not in live:
+            heapq.heappop(oldest)
+        if not oldest:
+            # An empty level's clock is moot: a later job's own submission is after it.
+            del self._oldest[level], self._live_in_level[level]
+            self._last_dispatch.pop(level, None)
+        for model in list(self._models.get(level, ())):
+            self._refresh_head((*level, model))
+
+    # Keys with aging are kept in seconds, (priority + tier) * divisor - aging_start, which is the
+    # score times the divisor minus a shared now: exact for whole-second clocks, so ties stay ties.
+    def _refresh_head(self, qkey: QueueKey) -> None:
+        queue, live = self._queues[qkey], self._live_seqs
+        while queue and queue[0][1] not in live:
+            heapq.heappop(queue)
+        if not queue:
+            del self._queues[qkey], self._live_in_queue[qkey]
+            level = (qkey[0], qkey[1])
+            models = self._models[level]
+            models.discard(qkey[2])
+            if not models:
+                del self._models[level]
+            self._heads_no_aging.discard(qkey)
+            if not self._by_usage:
+                self._heads.discard(qkey)
+                return
+            del self._own_key[qkey]
+            self._bands[qkey[1]].discard(qkey)
+            if not len(self._bands[qkey[1]]):
+                del self._bands[qkey[1]]
+            return
+        job, seq, level, base = self._jobs[queue[0][2]]
+        own = base * self._divisor - self._aging_start(job, level)
+        if self._by_usage:
+            self._own_key[qkey] = own
+            band = self._bands.get(level[1])
+            if band is None:
+                band = self._bands[level[1]] = RankedIndex()
+            band.put(qkey, job.model, base * self._divisor - self._usage_start(job, level), seq, job)
+        else:
+            self._heads.put(qkey, job.model, own, seq, job)
+        if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
+            self._heads_no_aging.put(qkey, job.model, base, seq, job)
+
+
+class OrderedRanking:
+    """A baseline: one static key per job, ties to arrival, an optional bonus for the resident model.
+
+    ``priority`` ranks by priority + tier; ``aging`` adds aging from each job's own submission
+    (the per-job aging that the burst pitfall is about); ``resident_bonus`` is in aging-seconds.
+    """
+
+    def __init__(self, name: str, policy: Policy, *, priority: bool, aging: bool, resident_bonus: float = 0.0) -> None:
+        self.name = name
+        self.policy = policy
+        self._priority, self._aging, self._bonus = priority, aging, resident_bonus
+        self._jobs: dict[str, Job] = {}
+        self._index: RankedIndex[Job] = RankedIndex()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def pending(self) -> Iterator[Job]:
+        return iter(self._jobs.values())
+
+    def add(self, job: Job, seq: int) -> None:
+        key = 0.0
+        if self._priority:
+            key += (job.priority + self.policy.bonus_for_tier(job.tier)) * self.policy.aging_divisor_seconds
+        if self._aging:
+            key -= job.submitted_at
+        self._jobs[job.id] = job
+        self._index.put(job.id, job.model, key, seq, job)
+
+    def remove(self, job_id: str) -> Job | None:
+        self._index.discard(job_id)
+        return self._jobs.pop(job_id, None)
+
+    def take(self, job: Job, now: float, charge: float = 0.0) -> float | None:
+        self.remove(job.id)
+        return None
+
+    def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None:
+        self.add(job, seq)
+
+    def note_served(self, member: str, priority: int, at: float) -> None:
+        """Baselines keep no per-member clocks, nor usage."""
+
+    def served(self) -> dict[MemberLevel, float]:
+        return {}
+
+    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+        """Baselines keep no usage."""
+
+    def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
+        """Baselines keep no usage."""
+
+    def usage(self, now: float) -> dict[MemberLevel, float]:
+        return {}
+
+    def best(self, resident: str | None) -> Best | None:
+        return self._index.best(resident, self._bonus)
+
+    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
+        scored_affinity = 0 < self._bonus < math.inf and job.model == resident
+        return ScoreBreakdown(
+            job.priority,
+            self.policy.bonus_for_tier(job.tier),
+            self.policy.affinity_bonus if scored_affinity else 0,
+            (now - job.submitted_at) / self.policy.aging_divisor_seconds if self._aging else 0.0,
+        )
+
+    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
+        return {}
+
+    def copy(self) -> OrderedRanking:
+        clone = OrderedRanking(
+            self.name, self.policy, priority=self._priority, aging=self._aging, resident_bonus=self._bonus
+        )
+        clone._jobs = dict(self._jobs)
+        clone._index = self._index.copy()
+        return clone
+
+
+def make_ranking(name: str, policy: Policy) -> Ranking:
+    """The named policy: ``gpulane``, a baseline it is compared against, or an ablation."""
+    if name == "gpulane":
+        return FairShareRanking(policy)
+    if name == "gpulane-turns":  # an ablation: members of a band take turns whatever their jobs' lengths
+        return FairShareRanking(policy.model_copy(update={"fair_share": "turns"}), name)
+    if name == "fifo":  # arrival order: llama-swap as the design note describes it
+        return OrderedRanking(name, policy, priority=False, aging=False)
+    if name == "strict":  # priority + tier, then arrival: PriorityClass, Kueue StrictFIFO without preemption
+        return OrderedRanking(name, policy, priority=True, aging=False)
+    if name == "llama-swap":  # v250: requests for the loaded model first, then arrival order
+        return OrderedRanking(name, policy, priority=False, aging=False, resident_bonus=math.inf)
+    if name == "per-job-aging":
+        affinity = policy.affinity_bonus * policy.aging_divisor_seconds
+        return OrderedRanking(name, policy, priority=True, aging=True, resident_bonus=affinity)
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(RANKINGS)}")
+
+
+# The four compared in the brief, then gpulane's score without fair share (the burst pitfall), then
+# gpulane with today's turns inside a band instead of GPU usage.
+RANKINGS = ("fifo", "strict", "llama-swap", "gpulane", "per-job-aging", "gpulane-turns")

@@ -1,0 +1,275 @@
+"""Every call gpulane makes to the Kubernetes API goes through ``Kube``.
+
+One place means one counter of writes per kind (reported as a metric and by the benchmarks), one request
+timeout, and one translation of API errors into the three outcomes the operator acts on: done, gone
+(404) and conflict (409, or a failed JSON-patch test). Calls are made with the official client's
+asyncio flavour (``kubernetes.aio``) on the caller's event loop: no threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubernetes.aio import client, config
+from kubernetes.aio.client.exceptions import ApiException
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+
+from gpulane.api.contract import EXECUTOR_LABEL, Body
+from gpulane.api.resources import GROUP, VERSION
+from gpulane.api.times import format_micro_time, format_time
+
+Patch = Body | list[Body]
+
+STATUS_WRITE_KINDS = {"gpulanes": "lane-status", "gpumodels": "model-status", "gpupolicies": "policy-status"}
+
+
+class Gone(Exception):
+    """The object does not exist (any more)."""
+
+
+class Conflict(Exception):
+    """The object changed under us: a resourceVersion conflict or a failed JSON-patch ``test``."""
+
+
+# A call that takes longer is abandoned (TimeoutError): the caller's retry sees fresh state.
+REQUEST_TIMEOUT = 10.0
+
+
+def backoff(before_sleep: Callable[[RetryCallState], None], *, initial: float, max_backoff: float) -> AsyncRetrying:
+    """Retries of a read that must succeed sooner or later (a list at start, a watch's list): any error,
+    forever, waiting exponentially longer with jitter so that a down apiserver is not hammered."""
+    return AsyncRetrying(
+        wait=wait_exponential_jitter(multiplier=initial, max=max_backoff, jitter=initial),
+        retry=retry_if_exception_type(Exception),
+        before_sleep=before_sleep,
+    )
+
+
+def why(err: BaseException | None) -> str:
+    """An error in one line: its type, and its message when it has one (a TimeoutError has none)."""
+    if isinstance(err, ApiException):  # its str() is the whole response, headers and all
+        return f"HTTP {err.status} {err.reason}"
+    text = str(err).strip().splitlines()[0] if err is not None and str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+async def configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """In-cluster configuration when running in a pod, else the kubeconfig (``$KUBECONFIG`` or the default)."""
+    conf = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+    conf.connection_pool_maxsize = 32
+    return conf
+
+
+async def load_client(kubeconfig: str | None = None) -> client.ApiClient:
+    return client.ApiClient(await configuration(kubeconfig))
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = REQUEST_TIMEOUT) -> None:
+        self.api = api
+        self.namespace = namespace  # where backend pods (and lane events) live
+        self.timeout = timeout
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.coordination = client.CoordinationV1Api(api)
+        self.writes: collections.Counter[str] = collections.Counter()
+        self._instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.on_write: Callable[[str], None] = lambda kind: None
+
+    async def close(self) -> None:
+        await self.api.close()  # type: ignore[no-untyped-call]
+
+    def _plain(self, obj: Any) -> Body:
+        """The official client's model objects as the plain dicts the rest of gpulane reads."""
+        body: Body = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return body
+
+    async def _call(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", self.timeout)
+        try:
+            return await fn(*args, **kwargs)
+        except ApiException as err:
+            if err.status == 404:
+                raise Gone(str(err.reason)) from None
+            if err.status == 409:
+                raise Conflict(str(err.body or err.reason)) from None
+            raise
+
+    async def read(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        """A read through one of the typed APIs (``self.custom``, ``self.core``) that ``Kube`` has no method for."""
+        return await self._call(fn, *args, **kwargs)
+
+    async def _write(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        tested = False
+        if args and isinstance(args[-1], list):  # a JSON patch; the client would send a merge patch
+            kwargs["_content_type"] = "application/json-patch+json"
+            tested = any(op.get("op") == "test" for op in args[-1])
+        self.writes[kind] += 1
+        self.on_write(kind)
+        try:
+            return await self._call(fn, *args, **kwargs)
+        except ApiException as err:
+            # A JSON patch that does not apply is a 422, and the apiserver's message does not always say
+            # why; with a `test` op in it, the tested state changed under us: someone else's write stands.
+            if tested and err.status == 422:
+                raise Conflict(str(err.body or err.reason)) from None
+            raise
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def list_cluster(self, plural: str) -> list[Body]:
+        result = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
+        items: list[Body] = result.get("items", [])
+        return items
+
+    async def list_jobs(self) -> list[Body]:
+        return await self.list_cluster("gpujobs")  # all namespaces
+
+    async def list_namespaced_jobs(self, namespace: str, selector: str) -> list[Body]:
+        result = await self._call(
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", label_selector=selector
+        )
+        items: list[Body] = result.get("items", [])
+        return items
+
+    async def get_cluster(self, plural: str, name: str) -> Body:
+        body: Body = await self._call(self.custom.get_cluster_custom_object, GROUP, VERSION, plural, name)
+        return body
+
+    async def get_job(self, namespace: str, name: str) -> Body:
+        body: Body = await self._call(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", name
+        )
+        return body
+
+    async def list_leases(self, selector: str) -> list[Body]:
+        result = await self._call(self.coordination.list_lease_for_all_namespaces, label_selector=selector)
+        return [self._plain(lease) for lease in result.items]
+
+    async def get_pod(self, name: str) -> Body:
+        pod = await self._call(self.core.read_namespaced_pod, name, self.namespace)
+        body: Body = self._plain(pod)
+        return body
+
+    async def list_nodes(self) -> list[Body]:
+        result = await self._call(self.core.list_node)
+        return [self._plain(n) for n in result.items]
+
+    async def list_pods(self, selector: str) -> list[Body]:
+        result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
+        return [self._plain(p) for p in result.items]
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    async def patch_job_status(self, namespace: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            "job-status",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            "gpujobs",
+            name,
+            patch,
+        )
+        return body
+
+    async def patch_job(self, namespace: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            "job-metadata",
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "gpujobs",
+            name,
+            patch,
+        )
+        return body
+
+    async def patch_cluster_status(self, plural: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            STATUS_WRITE_KINDS[plural],
+            self.custom.patch_cluster_custom_object_status,
+            GROUP,
+            VERSION,
+            plural,
+            name,
+            patch,
+        )
+        return body
+
+    async def create_job(self, manifest: Body) -> Body:
+        namespace = manifest["metadata"]["namespace"]
+        body: Body = await self._write(
+            "job-create", self.custom.create_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", manifest
+        )
+        return body
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        await self._write("job-delete", self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace,
+                          "gpujobs", name)  # fmt: skip
+
+    async def apply_lease(self, name: str, holder: str, duration: int, now: float) -> None:
+        """Create or renew the Lease ``name`` in our namespace, held by ``holder``."""
+        stamp = format_micro_time(now)
+        spec = {"holderIdentity": holder, "leaseDurationSeconds": duration, "renewTime": stamp}
+        try:
+            await self._write("lease", self.coordination.patch_namespaced_lease, name, self.namespace, {"spec": spec})
+        except Gone:
+            meta = {"name": name, "labels": {EXECUTOR_LABEL: "true"}}
+            body = {"metadata": meta, "spec": {**spec, "acquireTime": stamp}}
+            await self._write("lease", self.coordination.create_namespaced_lease, self.namespace, body)
+
+    async def delete_lease(self, name: str) -> None:
+        await self._write("lease", self.coordination.delete_namespaced_lease, name, self.namespace)
+
+    async def create_config_map(self, namespace: str, manifest: Body) -> None:
+        await self._write("configmap", self.core.create_namespaced_config_map, namespace, manifest)
+
+    async def replace_config_map(self, namespace: str, manifest: Body) -> None:
+        name = manifest["metadata"]["name"]
+        await self._write("configmap", self.core.replace_namespaced_config_map, name, namespace, manifest)
+
+    async def create_pod(self, manifest: Body) -> Body:
+        pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)
+        created: Body = self._plain(pod)
+        return created
+
+    async def delete_pod(self, name: str, uid: str) -> None:
+        options = {"preconditions": {"uid": uid}}
+        await self._write("pod-delete", self.core.delete_namespaced_pod, name, self.namespace, body=options)
+
+    async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None:
+        """A core/v1 Event on ``involved`` (a GpuJob, or a cluster-scoped object: filed in our namespace)."""
+        meta = involved["metadata"]
+        namespace = meta.get("namespace") or self.namespace
+        stamp = format_time(now)
+        body = {
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpulane-operator"},
+            "reportingComponent": "gpulane.io/operator",
+            "reportingInstance": self._instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._write("event", self.core.create_namespaced_event, namespace, body)

@@ -1,0 +1,94 @@
+"""The one watch helper: list GpuJobs, then watch them from that list's version, and list again when
+the watch breaks. Failed lists back off exponentially with jitter (tenacity), so a down apiserver is
+not hammered; ``on_state`` tells the caller whether it is in step (readiness follows the watch)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.aio import watch
+from tenacity import RetryCallState
+
+from gpulane.api.contract import Body
+from gpulane.api.resources import GROUP, VERSION
+from gpulane.kube.client import Kube, backoff, why
+
+log = logging.getLogger(__name__)
+
+# The apiserver ends each watch after this long; the client gives up on a silent one a little later.
+WATCH_SECONDS = 60
+Deliver = Callable[[str, Body], None]
+
+
+def _failed(state: RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome else None
+    log.warning("listing GpuJobs failed (%s); retrying in %.1fs", why(err), state.upcoming_sleep)
+
+
+async def watch_jobs(
+    kube: Kube,
+    namespace: str | None,
+    selector: str | None,
+    deliver: Deliver,
+    on_state: Callable[[bool], None] = lambda listed: None,
+    *,
+    max_backoff: float = 30.0,
+) -> None:
+    """Call ``deliver(event type, object)`` for every GpuJob (all namespaces when ``namespace`` is None)
+    and every change to one, until cancelled. Each list is delivered as ADDED events."""
+    retrying = backoff(_failed, initial=0.5, max_backoff=max_backoff)
+    while True:  # a fresh streak of retries after each list that worked
+        async for attempt in retrying.copy():
+            with attempt:
+                version = await _list(kube, namespace, selector, deliver)
+        on_state(True)
+        try:
+            await _watch(kube, namespace, selector, deliver, version)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # expired version, dropped connection, apiserver restart: list again
+            log.debug("the GpuJob watch ended (%s); listing again", err)
+        on_state(False)
+
+
+def _lister(kube: Kube, namespace: str | None) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    if namespace is None:
+        return kube.custom.list_cluster_custom_object, (GROUP, VERSION, "gpujobs")
+    return kube.custom.list_namespaced_custom_object, (GROUP, VERSION, namespace, "gpujobs")
+
+
+async def _list(kube: Kube, namespace: str | None, selector: str | None, deliver: Deliver) -> str:
+    lister, where = _lister(kube, namespace)
+    options = {"label_selector": selector} if selector else {}
+    items = await kube.read(lister, *where, **options)
+    for obj in items["items"]:
+        deliver("ADDED", obj)
+    version: str = items["metadata"]["resourceVersion"]
+    return version
+
+
+async def _watch(kube: Kube, namespace: str | None, selector: str | None, deliver: Deliver, version: str) -> None:
+    """Watch from ``version`` while the apiserver keeps the watch open, resuming from the last event."""
+    lister, where = _lister(kube, namespace)
+    options = {"label_selector": selector} if selector else {}
+    while True:
+        async with watch.Watch() as stream:  # type: ignore[no-untyped-call]
+            events = stream.stream(
+                lister,
+                *where,
+                resource_version=version,
+                timeout_seconds=WATCH_SECONDS,
+                allow_watch_bookmarks=True,
+                _request_timeout=WATCH_SECONDS + 10,
+                **options,
+            )
+            async for event in events:
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch error: {obj.get('message') or obj}")
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] != "BOOKMARK":
+                    deliver(event["type"], obj)

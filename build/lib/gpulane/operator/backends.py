@@ -1,0 +1,99 @@
+"""What lanes run on: their backend pods, their nodes, and the executors' Leases that vouch for running
+jobs. Watch events of these update ``Observed``; a lost backend or node takes its lane's work away."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from gpulane.api.contract import Body
+from gpulane.api.times import parse_time
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Event, LaneUpdated
+from gpulane.kube.client import Kube
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.nodes import lane_node_problem, node_state
+from gpulane.operator.observed import Observed
+from gpulane.operator.pods import PodState, pod_state
+from gpulane.operator.status import StatusWriter
+
+log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    kube: Kube
+    clock: Callable[[], float]
+    dispatcher: Dispatcher
+    observed: Observed
+    lanes: dict[str, LaneRunner]
+    status: StatusWriter
+
+    def apply(self, event: Event, woke_at: float | None = None) -> None: ...
+    def backend_failed(self, lane: str, reason: str, message: str) -> None: ...
+
+
+def pod_event(host: Host, kind: str | None, body: Body) -> None:
+    if (body.get("metadata") or {}).get("namespace") != host.kube.namespace:
+        return  # another operator's backend pods (another install, another backend namespace)
+    state = pod_state(body)
+    if state is not None:
+        pod_changed(host, state, gone=kind == "DELETED")
+
+
+def pod_changed(host: Host, state: PodState, gone: bool) -> None:
+    """A backend pod changed, or is gone (also when found missing without a watch event)."""
+    pods = host.observed.pods
+    current = pods.get(state.lane)
+    if not gone:
+        pods[state.lane] = state
+    elif current is not None and current.uid == state.uid:
+        del pods[state.lane]
+    runner = host.lanes.get(state.lane)
+    if runner is None:
+        return
+    if gone and runner.deleting == state.uid:
+        runner.deleting = None
+    elif gone or state.failed:
+        core = host.dispatcher.lanes.get(state.lane)
+        if core is not None and core.resident == state.model and runner.deleting != state.uid:
+            what = "was deleted" if gone else "failed"
+            host.backend_failed(runner.name, "BackendLost", f"backend pod {state.name} for {state.model} {what}")
+    if not gone and state.ready:
+        host.status.lane_dirty(state.lane)
+    runner.kick()
+
+
+def node_event(host: Host, kind: str | None, body: Body) -> None:
+    """A node changed: lanes on it go offline or back online."""
+    state = node_state(body)
+    if kind == "DELETED":
+        host.observed.nodes.pop(state.name, None)
+    else:
+        host.observed.nodes[state.name] = state
+    for runner in host.lanes.values():
+        check_node(host, runner)
+
+
+def check_node(host: Host, runner: LaneRunner) -> None:
+    problem = lane_node_problem(runner.spec, host.observed.nodes)
+    if problem == runner.node_problem:
+        return
+    if problem is None:
+        log.info("lane %s: its node is back (%s)", runner.name, runner.node_problem)
+    else:
+        log.warning("lane %s: offline: %s", runner.name, problem)
+    runner.node_problem = problem
+    core = host.dispatcher.lanes.get(runner.name)
+    if core is not None:  # node events arrive after the rebuild (kopf's startup handler) took lanes online
+        host.apply(LaneUpdated(runner.name, online=runner.online, resident=core.resident))
+    host.status.lane_dirty(runner.name)
+    runner.kick()
+
+
+def lease_event(host: Host, kind: str | None, body: Body) -> None:
+    """An executor's Lease: until when it vouches for the jobs it runs."""
+    meta, spec = body["metadata"], body.get("spec") or {}
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime")) or 0.0
+    expiry = renewed + float(spec.get("leaseDurationSeconds") or 0)
+    host.observed.leases[(meta.get("namespace", ""), meta["name"])] = host.clock() if kind == "DELETED" else expiry

@@ -1,0 +1,399 @@
+"""The controller routes watch events to the core and the core's decisions to the rooms that act on them.
+
+Every core event is applied synchronously on the event loop, so the dispatcher never sees two events at
+once. API writes happen afterwards, in tasks: a job's writes are serialised by its lock (``job_writes``),
+and a lane's pod work by its ``LaneRunner``. Which job is where is kept by the ``JobTable`` alone. What
+the operator needs after a restart is on the API objects themselves (``rebuild``), never only in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpulane.api.contract import FINALIZER, Body
+from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec
+from gpulane.api.times import format_duration, format_time, parse_time
+from gpulane.core.dispatcher import Dispatcher, DispatchError
+from gpulane.core.events import (
+    Dispatch,
+    Event,
+    JobCancelled,
+    JobFinished,
+    JobSubmitted,
+    LaneUpdated,
+    ModelLoaded,
+    ModelUpdated,
+)
+from gpulane.core.jobs import ModelCatalog
+from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.validation import describe
+from gpulane.kube.client import Kube
+from gpulane.operator import backends, policies, rebuild
+from gpulane.operator.deadlines import overdue
+from gpulane.operator.history import DispatchHistory
+from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
+from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.metrics import Metrics, queue_snapshot
+from gpulane.operator.models import learn, model_status_fields
+from gpulane.operator.nodes import lane_node_problem
+from gpulane.operator.observed import Observed
+from gpulane.operator.pods import PodState
+from gpulane.operator.settings import Settings
+from gpulane.operator.status import StatusWriter
+from gpulane.operator.translate import (
+    Refusal,
+    band_label,
+    job_from_body,
+    job_key,
+    model_spec,
+    policy_refusal,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(self, kube: Kube, settings: Settings | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.dispatcher = Dispatcher(Policy(), clock, ModelCatalog())
+        self.policy_generation: int | None = None
+        self.jobs = JobTable()
+        self.observed = Observed()
+        self.history = DispatchHistory()
+        self.lanes: dict[str, LaneRunner] = {}
+        self.ready = False
+        self.metrics = Metrics(lambda: queue_snapshot(self.dispatcher, self.clock()))
+        kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
+        self.writes = JobWrites(kube, clock, self.spawn)
+        self.status = StatusWriter(self)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background write failed", exc_info=task.exception())
+
+    def start(self) -> None:
+        self._loops = [asyncio.create_task(self._tick()), asyncio.create_task(self.status.run())]
+
+    async def stop(self) -> None:
+        for task in [*self._loops, *self._tasks]:
+            task.cancel()
+        for lane in self.lanes.values():
+            await lane.stop()
+        await asyncio.gather(*self._loops, *self._tasks, return_exceptions=True)
+
+    async def _tick(self) -> None:  # one loop for all jobs: no per-object timers
+        while True:
+            await asyncio.sleep(self.settings.tick_seconds)
+            self.tick()
+
+    def tick(self) -> None:
+        """One pass: active jobs past a deadline end (``deadlines``), and every lane looks at its load again."""
+        now = self.clock()
+        for view in self.jobs:
+            if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
+                self.spawn(self.end_job(view, "Failed", *why))
+        for lane in self.lanes.values():
+            lane.kick()
+
+    def apply(self, event: Event, woke_at: float | None = None) -> None:
+        """Hand one event to the core and act on every decision it returns."""
+        try:
+            decisions = self.dispatcher.handle(event)
+        except (DispatchError, PolicyError) as err:
+            log.error("the dispatcher refused %s: %s", type(event).__name__, err)
+            return
+        self._act(decisions, woke_at)
+
+    def _act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None:
+        for decision in decisions:
+            self.jobs.assign(self.jobs[decision.job.id], decision, woke_at)
+            self.metrics.dispatched(decision, band_label(decision.job.priority, self.dispatcher.policy))
+            self.history.record(decision)
+            self.status.lane_dirty(decision.lane)
+            self.lanes[decision.lane].kick()
+        self.status.dirty = True
+
+    # -- GpuJobs --------------------------------------------------------------------------------
+
+    def job_event(self, kind: str | None, body: Body) -> None:
+        meta = body["metadata"]
+        view = self.jobs.get(job_key(body))
+        if view is not None and view.uid != meta.get("uid", ""):  # deleted and created again under the same name
+            self._forget(view)
+            view = None
+        if kind == "DELETED":
+            if view is not None:
+                self._forget(view)
+            return
+        status = body.get("status") or {}
+        phase = status.get("phase")
+        finalizers = list(meta.get("finalizers") or [])
+        if view is not None:
+            view.observe(meta)
+        if phase in TERMINAL_PHASES or (view is None and meta.get("deletionTimestamp")):
+            if view is not None and view.active:
+                self._executor_finished(view, status)
+            if FINALIZER in finalizers:
+                self.spawn(self.writes.drop_finalizer(meta["namespace"], meta["name"], finalizers))
+        elif view is None:
+            if phase in ("Dispatching", "Running"):
+                rebuild.adopt(self, body)
+            else:
+                self._admit(body)
+        elif meta.get("deletionTimestamp"):
+            self._cancel(view)
+
+    def _admit(self, body: Body) -> None:
+        result = job_from_body(body, self.dispatcher.policy)
+        if isinstance(result, Refusal):
+            self._refuse(body, result)
+            return
+        view = JobView.of(body, result)
+        if result.model not in self.observed.models:
+            self.jobs.park(view)
+            self.status.dirty = True
+            return
+        self.jobs.admit(view)
+        self.apply(JobSubmitted(result))
+
+    def _refuse(self, body: Body, refusal: Refusal) -> None:
+        self.metrics.job_failures.labels(refusal.reason).inc()
+        self.spawn(self.writes.refuse(body, refusal))
+
+    def reject(self, view: JobView, reason: str) -> None:
+        """A waiting job the current policy cannot rank: it fails with PolicyRejected."""
+        self.jobs.release(view)
+        body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
+        self._refuse(body, Refusal("PolicyRejected", reason))
+
+    def _executor_finished(self, view: JobView, status: Body) -> None:
+        finished = parse_time(status.get("finishedAt")) or self.clock()
+        self.release(view, None if view.started_at is None else max(0.0, finished - view.started_at))
+
+    def _cancel(self, view: JobView) -> None:
+        """The job is being deleted: out of the queue, or cancelled on its lane (the finalizer waits)."""
+        if view.active:
+            if not view.ending:
+                self.spawn(self.end_job(view, "Cancelled", "Deleted", "the GpuJob was deleted"))
+            return
+        self._forget(view)
+        if FINALIZER in view.finalizers:
+            self.spawn(self.writes.drop_finalizer(view.namespace, view.name, view.finalizers))
+
+    def _forget(self, view: JobView) -> None:
+        """The job left (deleted or replaced): take it out of the queue or off its lane."""
+        if view.active:
+            self.release(view, None)
+        elif self.jobs.release(view) and view.state == JobState.PENDING:
+            self.apply(JobCancelled(view.key))
+
+    def release(self, view: JobView, run_seconds: float | None) -> None:
+        """The job no longer holds capacity: tell the core, and let the lane start the next."""
+        if not self.jobs.release(view):
+            return
+        runner = self.lanes.get(view.lane or "")
+        if runner is not None:
+            self.metrics.lane_busy.labels(runner.name).set(len(self.jobs.on_lane(runner.name, JobState.RUNNING)))
+        self.apply(JobFinished(view.key, run_seconds), woke_at=time.monotonic())
+        if run_seconds is not None:
+            self._learn(view.model, "run")
+        if runner is not None:
+            runner.kick()
+
+    # -- job transitions (asked for by lanes and the tick) --------------------------------------
+
+    async def mark_dispatching(self, view: JobView) -> None:
+        """Show a job that waits for its model to load as Dispatching."""
+        if view.api_phase == "Dispatching":
+            return
+        async with view.lock:
+            if not self.jobs.holds(view, JobState.ASSIGNED) or view.api_phase == "Dispatching":
+                return
+            fields = {"phase": "Dispatching", **dispatched_fields(view, self.history, self.clock())}
+            if not await self.writes.dispatched(view, fields):
+                self.release(view, None)
+
+    async def start_job(self, view: JobView, pod: PodState) -> None:
+        """The job's backend is Ready: the job is Running, with the endpoint its executor calls."""
+        async with view.lock:
+            if not self.jobs.holds(view, JobState.ASSIGNED) or view.ending:
+                return
+            now = self.clock()
+            spec = self.observed.models.get(view.model)
+            fields = dispatched_fields(view, self.history, now)
+            fields.update(
+                phase="Running",
+                pod=pod.name,
+                endpoint=pod.endpoint(spec.port if spec else 8000),
+                startedAt=format_time(now),
+                waited=format_duration(now - view.job.submitted_at),
+            )
+            if not await self.writes.dispatched(view, fields):
+                self.release(view, None)
+                return
+            self.jobs.start(view, now)
+            lane = view.lane or ""
+            self.metrics.lane_busy.labels(lane).set(len(self.jobs.on_lane(lane, JobState.RUNNING)))
+            if view.woke_at is not None and view.decision is not None and not view.decision.load:
+                self.metrics.dispatch_latency.observe(time.monotonic() - view.woke_at)
+            self.status.lane_dirty(lane)
+
+    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None:
+        """End an active job (deadline, cancel, lost backend) unless its executor ended it first."""
+        if view.ending:
+            return
+        view.ending = True
+        async with view.lock:
+            now = self.clock()
+            try:
+                result = await self.writes.end(view, phase, reason, message, now)
+            finally:
+                view.ending = False  # a failed write (a 429, a timeout) is retried by the next tick
+            if result.ended == Ended.LOST:
+                if (result.fresh or {}).get("phase") in TERMINAL_PHASES:
+                    self._executor_finished(view, result.fresh or {})
+                return
+            if phase == "Failed":
+                self.metrics.job_failures.labels(reason).inc()
+            self.release(view, None)
+        self.spawn(self.kube.event(view.ref(), reason, message, warning=warning, now=now))
+        if FINALIZER in view.finalizers:
+            await self.writes.drop_finalizer(view.namespace, view.name, view.finalizers)
+
+    # -- lanes' backends ------------------------------------------------------------------------
+
+    def backend_failed(self, lane: str, reason: str, message: str) -> None:
+        """The lane's backend cannot serve: fail its jobs and forget the resident model."""
+        log.warning("lane %s: %s: %s", lane, reason, message)
+        for view in self.jobs.on_lane(lane):
+            self.spawn(self.end_job(view, "Failed", reason, message))
+        runner = self.lanes[lane]
+        self.apply(LaneUpdated(lane, online=runner.online, resident=None))
+        self.status.lane_dirty(lane)
+
+    def model_loaded(self, lane: str, model: str, seconds: float | None) -> None:
+        self.apply(ModelLoaded(lane, model, seconds))
+        if seconds is not None:
+            self.metrics.model_load.observe(seconds)
+            self._learn(model, "load")
+        self.status.lane_dirty(lane)
+
+    def _learn(self, model: str, what: str) -> None:
+        if learn(self.observed, self.dispatcher, model, what):
+            self.status.model_dirty(model)
+
+    def pod_gone(self, state: PodState) -> None:
+        backends.pod_changed(self, state, gone=True)
+
+    def pod_event(self, kind: str | None, body: Body) -> None:
+        backends.pod_event(self, kind, body)
+
+    def node_event(self, kind: str | None, body: Body) -> None:
+        backends.node_event(self, kind, body)
+
+    def lease_event(self, kind: str | None, body: Body) -> None:
+        backends.lease_event(self, kind, body)
+
+    # -- GpuLanes, GpuModels, GpuPolicy ---------------------------------------------------------
+
+    def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None:
+        meta = body["metadata"]
+        name = meta["name"]
+        runner = self.lanes.get(name)
+        if kind == "DELETED":
+            if runner is not None:
+                self.backend_failed(name, "LaneRemoved", f"GpuLane {name} was deleted")
+                self.apply(LaneUpdated(name, online=False))
+                del self.lanes[name]
+                self.history.forget(name)
+                self.spawn(runner.stop())
+            return
+        try:
+            spec = GpuLaneSpec.model_validate(body.get("spec") or {})
+        except ValidationError as err:
+            log.error("GpuLane %s is invalid: %s", name, describe(err, "spec"))
+            return
+        if runner is not None:
+            runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
+            backends.check_node(self, runner)  # the lane may name another node now
+            runner.kick()
+            return
+        runner = LaneRunner(self, name, meta.get("uid", ""), spec)
+        runner.generation = meta.get("generation")
+        status = body.get("status") or {}
+        runner.conditions = list(status.get("conditions") or [])
+        self.history.restore(name, status.get("history") or [])
+        self.lanes[name] = runner
+        runner.node_problem = lane_node_problem(spec, self.observed.nodes)
+        runner.start()
+        pod = self.observed.pods.get(name)
+        resident = pod.model if pod is not None and not pod.failed else None
+        self.apply(LaneUpdated(name, online=online and runner.online, resident=resident))
+        self.status.lane_dirty(name)
+
+    def model_event(self, kind: str | None, body: Body) -> None:
+        name = body["metadata"]["name"]
+        if kind == "DELETED":
+            self.observed.models.pop(name, None)
+            self._park_model(name)
+            return
+        try:
+            spec = GpuModelSpec.model_validate(body.get("spec") or {})
+        except ValidationError as err:
+            log.error("GpuModel %s is invalid: %s", name, describe(err, "spec"))
+            return
+        observed = self.observed
+        learned = observed.learned.setdefault(name, model_status_fields(body.get("status") or {}))
+        observed.models[name] = spec
+        if observed.model_generations.get(name) != body["metadata"].get("generation"):
+            observed.model_generations[name] = body["metadata"].get("generation")
+            self.status.model_dirty(name)
+        self.apply(ModelUpdated(model_spec(name, spec, learned, self.dispatcher.models.get(name))))
+        for view in self.jobs.unpark(name):
+            refusal = policy_refusal(self.dispatcher.policy, view.job.priority, view.job.tier)
+            if refusal is not None:  # the policy changed while it waited for its model
+                self.reject(view, refusal.message)
+            else:
+                self.apply(JobSubmitted(view.job))
+        for lane in self.lanes.values():
+            lane.kick()
+
+    def _park_model(self, model: str) -> None:
+        """Waiting jobs of a deleted model go back to waiting for a GpuModel of that name."""
+        for job in [j for j in self.dispatcher.ranking.pending() if j.model == model]:
+            self.apply(JobCancelled(job.id))
+            self.jobs.park(self.jobs[job.id])
+
+    def policy_event(self, kind: str | None, body: Body) -> None:
+        policies.policy_event(self, kind, body)
+
+    def use_policy(self, policy: Policy) -> None:
+        """A new policy: waiting jobs it cannot rank fail, and the lanes' next jobs are chosen by it."""
+        for job, reason in self.dispatcher.replace_policy(policy):
+            view = self.jobs.get(job.id)
+            if view is not None:
+                self.reject(view, reason)
+        for view in list(self.jobs.parked()):
+            refusal = policy_refusal(policy, view.job.priority, view.job.tier)
+            if refusal is not None:
+                self.reject(view, refusal.message)
+        self._act(self.dispatcher.decide())

@@ -1,0 +1,32 @@
+"""When an active job must end without its executor's word: past its run limit (its maxRunSeconds, or the
+GpuPolicy's default, never above its ceiling), when the Lease of its executor expired (the executor died
+with the job), or when it runs with no executor named at all. The tick checks every active job."""
+
+from __future__ import annotations
+
+from gpulane.api.contract import EXECUTOR_LEASE
+from gpulane.operator.jobs import JobState, JobView
+from gpulane.operator.observed import Observed
+
+
+def overdue(view: JobView, now: float, observed: Observed) -> tuple[str, str] | None:
+    """``(reason, message)`` if the job must fail now, else None."""
+    limits = observed.run_limits
+    ran = now - view.started_at if view.state == JobState.RUNNING and view.started_at is not None else None
+    limit = limits.limit(view.max_run)
+    if ran is not None and ran > limit:
+        where = "maxRunSeconds" if view.max_run is not None and view.max_run <= limit else "the GpuPolicy's runLimits"
+        return "DeadlineExceeded", f"ran longer than {limit}s ({where})"
+    if view.executor_lease is None:
+        grace = limits.executor_grace_seconds
+        if ran is not None and grace and ran > grace:
+            return "NoExecutor", (
+                f"Running for {ran:.0f}s and no executor named its Lease ({EXECUTOR_LEASE}): nobody would "
+                f"report its outcome (runLimits.executorGraceSeconds={grace})"
+            )
+        return None
+    expiry = observed.leases.get(view.executor_lease)
+    if expiry is not None and now > expiry:
+        lease = "/".join(view.executor_lease)
+        return "DataPlaneLost", f"its executor's Lease {lease} expired {now - expiry:.0f}s ago: the executor is gone"
+    return None

@@ -1,0 +1,97 @@
+"""The kopf registrations. Each handler hands a watch event to the controller and returns.
+
+Only event-level handlers are used: kopf's change-detection handlers would store a diff base and
+progress annotations on every GpuJob, an extra write per job and per change. Nothing here decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import kopf
+from kubernetes.aio.client import ApiClient
+
+from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
+from gpulane.api.resources import GROUP, VERSION
+from gpulane.kube.client import Kube
+from gpulane.kube.login import credentials
+from gpulane.operator import health
+from gpulane.operator.controller import Controller
+from gpulane.operator.rebuild import rebuild
+from gpulane.operator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.posting.enabled = False  # gpulane posts its own Events, counted with its other writes
+    settings.watching.label_selectors["", "pods"] = BACKEND_SELECTOR
+    settings.watching.label_selectors["coordination.k8s.io", "leases"] = EXECUTOR_SELECTOR
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330  # a watch the apiserver silently dropped is noticed and reopened
+    settings.networking.request_timeout = 30
+    # kopf retries a failed startup: what a previous attempt made (the controller, the bound port) is kept.
+    if memo.get("controller") is None:
+        kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
+        memo.controller = Controller(kube, Settings(**memo.settings))
+    ctl: Controller = memo.controller
+    if memo.get("health") is None:
+        memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
+    await rebuild(ctl)
+    ctl.start()
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    ctl: Controller | None = memo.get("controller")
+    if ctl is not None:
+        await ctl.stop()
+        await ctl.kube.close()
+    if memo.get("health") is not None:
+        await memo.health.cleanup()
+
+
+def _ctl(memo: kopf.Memo) -> Controller:
+    ctl: Controller = memo.controller
+    return ctl
+
+
+def _body(event: kopf.RawEvent) -> Body:
+    return cast(Body, event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, "gpujobs")
+async def job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).job_event(event["type"], _body(event))
+
+
+@kopf.on.event(GROUP, VERSION, "gpumodels")
+async def model_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).model_event(event["type"], _body(event))
+
+
+@kopf.on.event(GROUP, VERSION, "gpulanes")
+async def lane_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).lane_event(event["type"], _body(event))
+
+
+@kopf.on.event(GROUP, VERSION, "gpupolicies")
+async def policy_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).policy_event(event["type"], _body(event))
+
+
+@kopf.on.event("coordination.k8s.io", "v1", "leases")
+async def lease_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).lease_event(event["type"], _body(event))
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).node_event(event["type"], _body(event))
+
+
+@kopf.on.event("", "v1", "pods")
+async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _ctl(memo).pod_event(event["type"], _body(event))

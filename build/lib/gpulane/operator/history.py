@@ -1,0 +1,63 @@
+"""The dispatches the operator remembers: each lane's latest (``status.history``, kept across restarts)
+and the times of all recent ones, so that a job's story can say what ran ahead of it while it waited."""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from typing import Any
+
+from gpulane.api.contract import Body
+from gpulane.api.resources import HISTORY_LIMIT, STORY_LIMIT
+from gpulane.api.times import format_time, parse_time
+from gpulane.core.events import Dispatch
+from gpulane.operator.translate import dispatch_record
+
+Record = dict[str, Any]
+
+
+class DispatchHistory:
+    def __init__(self) -> None:
+        self._lanes: dict[str, deque[tuple[float, Record]]] = {}  # lane -> (at, record), newest last
+        self._times: deque[float] = deque(maxlen=100_000)  # to count what ran ahead of a job
+
+    def restore(self, lane: str, records: list[Record]) -> None:
+        """What a lane remembered before a restart (its status.history)."""
+        entries = self._lane(lane)
+        for record in records:
+            at = parse_time(record.get("at"))
+            if at is not None:
+                entries.append((at, record))
+
+    def record(self, decision: Dispatch) -> None:
+        self._lane(decision.lane).append((decision.at, dispatch_record(decision)))
+        self._times.append(decision.at)
+
+    def forget(self, lane: str) -> None:
+        self._lanes.pop(lane, None)
+
+    def of_lane(self, lane: str) -> list[Record]:
+        return [record for _, record in self._lanes.get(lane, ())]
+
+    def story(self, key: str, queued: float, until: float, load: bool) -> Body:
+        """The dispatches that went ahead of job ``key`` between ``queued`` and ``until``."""
+        ahead = sorted(  # by time alone: records restored from status share whole seconds
+            (
+                (at, record)
+                for entries in self._lanes.values()
+                for at, record in entries
+                if queued < at < until and record["job"] != key
+            ),
+            key=lambda pair: pair[0],
+        )
+        total = len(self._times) - bisect.bisect_right(self._times, queued)
+        total -= len(self._times) - bisect.bisect_left(self._times, until)
+        return {
+            "queuedAt": format_time(queued),
+            "ranAhead": [record for _, record in ahead[-STORY_LIMIT:]],
+            "ranAheadTotal": max(total, len(ahead)),
+            "load": load,
+        }
+
+    def _lane(self, lane: str) -> deque[tuple[float, Record]]:
+        return self._lanes.setdefault(lane, deque(maxlen=HISTORY_LIMIT))

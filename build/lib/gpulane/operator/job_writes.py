@@ -1,0 +1,170 @@
+"""The API writes of a job's transitions: refusals, finalizers, Dispatching, Running and the operator's
+own outcomes. Each method writes and reports what happened; the controller decides what follows.
+
+Status bodies are built from the resource models (``api/resources.py``), so a field that the schema
+would prune fails here, in a test, instead of vanishing silently on the apiserver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from gpulane.api.contract import FINALIZER, Body
+from gpulane.api.resources import API_VERSION, GpuJobStatus
+from gpulane.api.times import format_time
+from gpulane.core.explain import describe_dispatch
+from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.operator.history import DispatchHistory
+from gpulane.operator.jobs import JobView
+from gpulane.operator.translate import Refusal, condition, merge_condition, score_fields
+
+log = logging.getLogger(__name__)
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], None]
+
+
+def job_status(**fields: Any) -> Body:
+    """A GpuJob status patch from its model's fields (camelCase); fields given as None are removed."""
+    status = GpuJobStatus.model_validate(fields)
+    return status.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def dispatched_fields(view: JobView, history: DispatchHistory, now: float) -> Body:
+    """What a dispatched job's status says: its lane, score, story and Dispatched condition."""
+    decision = view.decision
+    fields: Body = {
+        "lane": view.lane,
+        "dispatchedAt": format_time(view.dispatched_at or now),
+        "position": None,
+        "positionExact": None,
+        "estimatedStart": None,
+    }
+    if decision is not None:
+        fields["score"] = score_fields(decision.score)
+        queued, until = view.job.submitted_at, view.dispatched_at or now
+        fields["story"] = history.story(view.key, queued, until, decision.load)
+        reason = "ModelLoad" if decision.load else "Warm"
+        text = describe_dispatch(decision)
+        view.conditions = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))
+        fields["conditions"] = view.conditions
+    return fields
+
+
+class Ended(Enum):
+    WRITTEN = "written"  # our outcome stands
+    LOST = "lost"  # the job left the phase we knew: someone else's outcome stands
+    GONE = "gone"  # the job no longer exists
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    ended: Ended
+    fresh: Body | None = None  # the status that beat ours (LOST), when it could be read
+
+
+class JobWrites:
+    def __init__(self, kube: Kube, clock: Callable[[], float], spawn: Spawn) -> None:
+        self.kube = kube
+        self.clock = clock
+        self.spawn = spawn
+
+    async def refuse(self, body: Body, refusal: Refusal) -> None:
+        """The job cannot be queued: Failed with the refusal's reason, and a Warning Event."""
+        meta = body["metadata"]
+        now = self.clock()
+        cond = condition("Admitted", False, refusal.reason, refusal.message, now, meta.get("generation"))
+        status = job_status(
+            phase="Failed",
+            reason=refusal.reason,
+            message=refusal.message,
+            finishedAt=format_time(now),
+            conditions=merge_condition((body.get("status") or {}).get("conditions"), cond),
+            observedGeneration=meta.get("generation"),
+        )
+        try:
+            await self.kube.patch_job_status(meta["namespace"], meta["name"], {"status": status})
+        except Gone:
+            return
+        ref = {"apiVersion": API_VERSION, "kind": "GpuJob", "metadata": meta}
+        await self.kube.event(ref, refusal.reason, refusal.message, warning=True, now=now)
+
+    async def add_finalizer(self, view: JobView) -> None:
+        if FINALIZER in view.finalizers:
+            return
+        patch: list[Body] = [
+            {"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}
+            if view.finalizers
+            else {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
+        ]
+        body = await self.kube.patch_job(view.namespace, view.name, patch)
+        view.finalizers = list(body["metadata"].get("finalizers") or [])
+
+    async def drop_finalizer(self, namespace: str, name: str, finalizers: list[str]) -> None:
+        remaining = [f for f in finalizers if f != FINALIZER]
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
+        ]
+        try:
+            await self.kube.patch_job(namespace, name, patch)
+        except Gone:
+            pass
+        except Conflict:  # the list changed meanwhile: read it again and retry once
+            try:
+                fresh = await self.kube.get_job(namespace, name)
+            except Gone:
+                return
+            current = list(fresh["metadata"].get("finalizers") or [])
+            if FINALIZER in current:
+                await self.drop_finalizer(namespace, name, current)
+
+    async def dispatched(self, view: JobView, fields: Body) -> bool:
+        """Dispatching or Running, with the finalizer first. False if the job is gone."""
+        try:
+            await self.add_finalizer(view)
+            await self.kube.patch_job_status(view.namespace, view.name, {"status": job_status(**fields)})
+        except Gone:
+            return False
+        view.api_phase = fields["phase"]
+        self.announce(view)
+        return True
+
+    def announce(self, view: JobView) -> None:
+        """The Dispatched Event, posted once the job's own status says so (it would delay the status)."""
+        if view.decision is not None and not view.announced:
+            view.announced = True
+            text = describe_dispatch(view.decision)
+            self.spawn(self.kube.event(view.ref(), "Dispatched", text, now=view.decision.at))
+
+    async def end(self, view: JobView, phase: str, reason: str, message: str, now: float) -> EndResult:
+        """An outcome of the operator's own (deadline, cancel, lost backend). From a phase it knows, the
+        write tests that phase, so an executor's outcome written first stands."""
+        fields = job_status(phase=phase, reason=reason, message=message, finishedAt=format_time(now))
+        expected = view.api_phase
+        patch: Any
+        if expected in ("Dispatching", "Running"):
+            patch = [{"op": "test", "path": "/status/phase", "value": expected}]
+            patch += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in fields.items()]
+        else:
+            patch = {"status": fields}
+        try:
+            await self.kube.patch_job_status(view.namespace, view.name, patch)
+        except Conflict:
+            # The executor's outcome won. Its event may already have been handled, or be late: read it
+            # now rather than retrying a write that cannot succeed.
+            fresh = None
+            with contextlib.suppress(Gone):
+                fresh = (await self.kube.get_job(view.namespace, view.name)).get("status") or {}
+            return EndResult(Ended.LOST, fresh)
+        except Gone:
+            return EndResult(Ended.GONE)
+        return EndResult(Ended.WRITTEN)
+
+    async def cluster_status(self, plural: str, name: str, status: Body) -> None:
+        with contextlib.suppress(Gone):
+            await self.kube.patch_cluster_status(plural, name, {"status": status})

@@ -1,0 +1,192 @@
+"""The operator's jobs: one ``JobTable`` owns every admitted GpuJob, where it stands, and which lane it holds.
+
+The core's Dispatcher decides; the table records what the operator did with each decision, so the API
+writes can follow. Nothing else keeps a set of jobs: lanes and the status writer ask the table, and its
+methods are the only way to move a job, so a job is on at most one lane, in one state, at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gpulane.api.contract import EXECUTOR_LEASE, Body
+from gpulane.api.resources import API_VERSION
+from gpulane.core.events import Dispatch
+from gpulane.core.jobs import Job
+
+
+class JobState(StrEnum):
+    PENDING = "pending"  # in the core's queue
+    PARKED = "parked"  # waiting for a GpuModel of its model's name
+    ASSIGNED = "assigned"  # dispatched by the core, waiting for its backend
+    RUNNING = "running"
+
+
+ACTIVE = frozenset({JobState.ASSIGNED, JobState.RUNNING})
+
+
+@dataclass
+class JobView:
+    """What the operator tracks of one GpuJob it has admitted."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    job: Job
+    state: JobState = JobState.PENDING  # moved only by JobTable
+    lane: str | None = None
+    api_phase: str | None = None  # the phase on the object, as last written or seen
+    decision: Dispatch | None = None
+    dispatched_at: float | None = None
+    started_at: float | None = None
+    max_run: int | None = None
+    finalizers: list[str] = field(default_factory=list)
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    generation: int | None = None
+    executor_lease: tuple[str, str] | None = None  # (namespace, name) of the Lease of whoever runs it
+    woke_at: float | None = None  # when the event that let it dispatch arrived (latency metric)
+    ending: bool = False  # a terminal write is in flight
+    announced: bool = False  # the Dispatched Event was posted
+    written: tuple[Any, ...] | None = None  # the last queue status written (StatusWriter)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def model(self) -> str:
+        return self.job.model
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def ref(self) -> Body:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "GpuJob",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
+
+    def observe(self, meta: Body) -> None:
+        """What a later event of the job tells: its finalizers, and who runs it (the bridge claims jobs
+        applied with kubectl after they are first seen)."""
+        self.finalizers = list(meta.get("finalizers") or [])
+        self.executor_lease = lease_of(meta)
+
+    @classmethod
+    def of(cls, body: Body, job: Job) -> JobView:
+        meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+        return cls(
+            key=job.id,
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta.get("uid", ""),
+            job=job,
+            api_phase=status.get("phase"),
+            max_run=spec.get("maxRunSeconds"),
+            executor_lease=lease_of(meta),
+            generation=meta.get("generation"),
+            finalizers=list(meta.get("finalizers") or []),
+            conditions=list(status.get("conditions") or []),
+        )
+
+
+def lease_of(meta: Body) -> tuple[str, str] | None:
+    """The executor Lease a job names: ``namespace/name``, or ``name`` in the job's own namespace."""
+    value = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
+    if not value:
+        return None
+    namespace, _, name = value.rpartition("/")
+    return (namespace or meta["namespace"], name)
+
+
+class JobTable:
+    """Every admitted job by key, the parked ones by model, and the active ones by lane."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobView] = {}
+        self._parked: dict[str, set[str]] = {}  # model -> keys
+        self._on_lane: dict[str, dict[str, JobView]] = {}  # lane -> key -> its assigned and running jobs
+
+    def get(self, key: str) -> JobView | None:
+        return self._jobs.get(key)
+
+    def __getitem__(self, key: str) -> JobView:
+        return self._jobs[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._jobs
+
+    def __iter__(self) -> Iterator[JobView]:
+        return iter(list(self._jobs.values()))
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def holds(self, view: JobView, state: JobState | None = None) -> bool:
+        """``view`` is still the tracked job of its key (not released or replaced), in ``state`` if given."""
+        return self._jobs.get(view.key) is view and (state is None or view.state == state)
+
+    def on_lane(self, lane: str, state: JobState | None = None) -> list[JobView]:
+        """The jobs holding ``lane``'s capacity, oldest dispatch first; only those in ``state`` if given."""
+        views = self._on_lane.get(lane, {}).values()
+        return [v for v in views if state is None or v.state == state]
+
+    def assigned(self) -> Iterator[JobView]:
+        """Jobs dispatched by the core and not yet Running, on any lane."""
+        for views in self._on_lane.values():
+            yield from (v for v in views.values() if v.state == JobState.ASSIGNED)
+
+    def parked(self) -> Iterator[JobView]:
+        for keys in list(self._parked.values()):
+            for key in list(keys):
+                yield self._jobs[key]
+
+    # -- moves ----------------------------------------------------------------------------------
+
+    def admit(self, view: JobView) -> None:
+        """A new job in the core's queue."""
+        self._jobs[view.key] = view
+        view.state = JobState.PENDING
+
+    def park(self, view: JobView) -> None:
+        """A new or waiting job whose GpuModel does not exist (any more)."""
+        self._jobs[view.key] = view
+        view.state, view.written = JobState.PARKED, None
+        self._parked.setdefault(view.model, set()).add(view.key)
+
+    def unpark(self, model: str) -> list[JobView]:
+        """The jobs that waited for ``model``, back to pending, in arrival order."""
+        views = [self._jobs[k] for k in self._parked.pop(model, set())]
+        for view in views:
+            view.state, view.written = JobState.PENDING, None
+        return sorted(views, key=lambda v: (v.job.submitted_at, v.key))
+
+    def assign(self, view: JobView, decision: Dispatch, woke_at: float | None) -> None:
+        """The core dispatched the job to a lane: it holds that lane's capacity from now on."""
+        view.state, view.lane, view.decision = JobState.ASSIGNED, decision.lane, decision
+        view.dispatched_at, view.woke_at = decision.at, woke_at
+        self._on_lane.setdefault(decision.lane, {})[view.key] = view
+
+    def adopt(self, view: JobView, lane: str, running: bool) -> None:
+        """A job found active on ``lane`` (after a restart)."""
+        self._jobs[view.key] = view
+        view.state, view.lane = (JobState.RUNNING if running else JobState.ASSIGNED), lane
+        self._on_lane.setdefault(lane, {})[view.key] = view
+
+    def start(self, view: JobView, at: float) -> None:
+        view.state, view.api_phase, view.started_at = JobState.RUNNING, "Running", at
+
+    def release(self, view: JobView) -> bool:
+        """The job leaves: out of the table and off its lane. False if it had left already."""
+        if not self.holds(view):
+            return False
+        del self._jobs[view.key]
+        if view.state == JobState.PARKED:
+            self._parked.get(view.model, set()).discard(view.key)
+        if view.lane is not None:
+            self._on_lane.get(view.lane, {}).pop(view.key, None)
+        return True

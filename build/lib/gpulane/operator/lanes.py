@@ -1,0 +1,168 @@
+"""One ``LaneRunner`` per GpuLane: it makes the lane's backend pod match the model the core wants.
+
+The runner is level-triggered: each pass reads what the core wants resident and what the pod watch
+last saw, and takes the one next step (delete the wrong pod, create the right one, start the jobs
+waiting for it, or give up on a load that took too long). Any event wakes it; a pass that has
+nothing to do makes no API call, so waking it often is cheap and a missed event cannot wedge it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpulane.api.resources import GpuLaneSpec
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.observed import Observed
+from gpulane.operator.pods import PodState, backend_pod, pod_state
+
+log = logging.getLogger(__name__)
+
+DELETE_RECHECK_SECONDS = 3.0
+
+
+class LaneHost(Protocol):
+    """What a lane needs from the operator: the state it reads, and the transitions it asks for."""
+
+    kube: Kube
+    clock: Callable[[], float]
+    dispatcher: Dispatcher
+    jobs: JobTable
+    observed: Observed
+
+    async def mark_dispatching(self, view: JobView) -> None: ...
+    async def start_job(self, view: JobView, pod: PodState) -> None: ...
+    def model_loaded(self, lane: str, model: str, seconds: float | None) -> None: ...
+    def backend_failed(self, lane: str, reason: str, message: str) -> None: ...
+    def pod_gone(self, state: PodState) -> None: ...
+
+
+class LaneRunner:
+    def __init__(self, host: LaneHost, name: str, uid: str, spec: GpuLaneSpec) -> None:
+        self.host = host
+        self.name = name
+        self.uid = uid
+        self.spec = spec
+        self.load_started: float | None = None
+        self.deleting: str | None = None  # uid of the pod we asked to delete
+        self.delete_requested = 0.0
+        self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
+        self.conditions: list[dict[str, Any]] = []
+        self.generation: int | None = None
+        self.node_problem: str | None = None  # why its node cannot serve now (nodes.py); offline while set
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pod(self) -> PodState | None:
+        return self.host.observed.pods.get(self.name)
+
+    @property
+    def online(self) -> bool:
+        return self.node_problem is None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=f"lane-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("lane %s: reconcile failed; retrying", self.name)
+                await asyncio.sleep(1.0)
+                self._wake.set()
+
+    async def reconcile(self) -> None:
+        host = self.host
+        core = host.dispatcher.lanes.get(self.name)
+        want = core.resident if core is not None else None
+        pod = self.pod
+        now = host.clock()
+        if pod is not None and (pod.failed or pod.model != want or pod.uid == self.deleting):
+            await self._remove(pod)  # a pod on its way out never serves again, even the same model
+            return
+        if want is None:
+            return
+        model = host.observed.models.get(want)
+        assigned = host.jobs.on_lane(self.name, JobState.ASSIGNED)
+        if pod is None or not pod.ready:
+            await asyncio.gather(*(host.mark_dispatching(view) for view in assigned))
+        if pod is None:
+            if model is None:
+                host.backend_failed(self.name, "ModelNotFound", f"GpuModel {want!r} no longer exists")
+                return
+            manifest = backend_pod(
+                lane=self.name,
+                lane_uid=self.uid,
+                lane_spec=self.spec,
+                model=want,
+                model_spec=model,
+                namespace=host.kube.namespace,
+            )
+            try:
+                created = await host.kube.create_pod(manifest)
+            except Conflict:
+                return  # the previous pod is still terminating; its deletion wakes us again
+            self.load_started = now
+            state = pod_state(created)
+            if state is not None and self.name not in host.observed.pods:
+                host.observed.pods[self.name] = state
+            log.info("lane %s: loading %s in pod %s", self.name, want, manifest["metadata"]["name"])
+            return
+        if pod.ready:
+            if self.load_started is not None or (core is not None and not core.ready):
+                seconds = None if self.load_started is None else now - self.load_started
+                self.load_started = None
+                host.model_loaded(self.name, want, seconds)
+            # Afresh: the load just reported may have let the core dispatch more jobs here.
+            await asyncio.gather(*(host.start_job(v, pod) for v in host.jobs.on_lane(self.name, JobState.ASSIGNED)))
+            return
+        if not assigned:
+            return  # not Ready, but nobody waits for it (a readiness blip of a loaded model)
+        if self.load_started is None:
+            self.load_started = now  # found loading (after a restart) or unready: the wait starts now
+        timeout = model.load_timeout_seconds if model is not None else 600
+        if now - self.load_started > timeout:
+            self.load_started = None
+            host.backend_failed(
+                self.name, "ModelLoadTimeout", f"backend pod {pod.name} for {want} was not Ready within {timeout}s"
+            )
+            self.kick()
+
+    async def _remove(self, pod: PodState) -> None:
+        """Delete a pod that serves the wrong model or is dead, once; its deletion event wakes us."""
+        if self.deleting == pod.uid:
+            # A deletion that completed between the start-up listing and the watch has no event:
+            # look again now and then.
+            if self.host.clock() - self.delete_requested > DELETE_RECHECK_SECONDS:
+                self.delete_requested = self.host.clock()
+                try:
+                    await self.host.kube.get_pod(pod.name)
+                except Gone:
+                    self.host.pod_gone(pod)
+            return
+        running_on_it = [v for v in self.host.jobs.on_lane(self.name, JobState.RUNNING) if v.model == pod.model]
+        if running_on_it and not pod.failed:
+            return  # never interrupt running work: the core drains a lane before it swaps
+        self.deleting, self.delete_requested = pod.uid, self.host.clock()
+        self.load_started = None
+        log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, "dead" if pod.failed else "swap")
+        # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
+        with contextlib.suppress(Gone, Conflict):
+            await self.host.kube.delete_pod(pod.name, pod.uid)

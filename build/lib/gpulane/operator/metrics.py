@@ -1,0 +1,90 @@
+"""Prometheus metrics, fed from the core's decisions. The band is the only label that grows with jobs.
+
+Queue depth and oldest wait are computed when scraped (a collector reads the controller's state),
+so keeping them right costs nothing per event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Dispatch
+from gpulane.operator.translate import band_label
+
+# Waits run from seconds (interactive) to hours (a film's shots).
+WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 57600, float("inf"))
+LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf"))
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, float("inf"))
+
+# (band label) -> (queue depth, oldest wait in seconds)
+QueueSnapshot = Callable[[], dict[str, tuple[int, float]]]
+
+
+def queue_snapshot(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, float]]:
+    out: dict[str, tuple[int, float]] = {}
+    for job in dispatcher.ranking.pending():
+        band = band_label(job.priority, dispatcher.policy)
+        count, oldest = out.get(band, (0, 0.0))
+        out[band] = (count + 1, max(oldest, now - job.submitted_at))
+    return out
+
+
+class _QueueCollector(Collector):
+    def __init__(self, snapshot: QueueSnapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily("gpulane_queue_depth", "Jobs waiting, per priority band", labels=["band"])
+        oldest = GaugeMetricFamily(
+            "gpulane_oldest_wait_seconds", "How long the oldest waiting job of the band has waited", labels=["band"]
+        )
+        for band, (count, wait) in sorted(self._snapshot().items()):
+            depth.add_metric([band], count)
+            oldest.add_metric([band], wait)
+        yield depth
+        yield oldest
+
+
+class Metrics:
+    def __init__(self, snapshot: QueueSnapshot) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.registry.register(_QueueCollector(snapshot))
+        self.dispatches = Counter("gpulane_dispatches_total", "Jobs dispatched, per band", ["band"], registry=r)
+        self.wait = Histogram(
+            "gpulane_wait_seconds", "Submission to dispatch, per band", ["band"], buckets=WAIT_BUCKETS, registry=r
+        )
+        self.order_changes = Counter(
+            "gpulane_order_changes_total",
+            "Dispatches whose winner a term changed (aging, affinity, fairShare)",
+            ["term"],
+            registry=r,
+        )
+        self.swaps = Counter("gpulane_swaps_total", "Model swaps (a resident model replaced by another)", registry=r)
+        self.model_load = Histogram(
+            "gpulane_model_load_seconds", "Backend pod creation to Ready", buckets=LOAD_BUCKETS, registry=r
+        )
+        self.lane_busy = Gauge("gpulane_lane_busy", "Jobs running on the lane", ["lane"], registry=r)
+        self.dispatch_latency = Histogram(
+            "gpulane_dispatch_latency_seconds",
+            "From the event that freed room on a warm lane to the next job's Running write",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.api_writes = Counter("gpulane_api_writes_total", "Writes to the Kubernetes API", ["kind"], registry=r)
+        self.job_failures = Counter(
+            "gpulane_job_failures_total", "Jobs failed by gpulane, per reason", ["reason"], registry=r
+        )
+
+    def dispatched(self, decision: Dispatch, band: str) -> None:
+        self.dispatches.labels(band).inc()
+        self.wait.labels(band).observe(max(0.0, decision.at - decision.job.submitted_at))
+        for term in decision.changed_by:
+            self.order_changes.labels(term).inc()
+        if decision.replaces is not None:
+            self.swaps.inc()

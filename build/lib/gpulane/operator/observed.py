@@ -1,0 +1,23 @@
+"""What the operator has seen of the objects it does not own: GpuModels, backend pods, nodes,
+executors' Leases and the GpuPolicy's run limits. Watch events and the rebuild fill it; lanes, the
+status writer and deadlines read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpulane.api.resources import GpuModelSpec
+from gpulane.api.run_limits import RunLimits
+from gpulane.operator.nodes import NodeState
+from gpulane.operator.pods import PodState
+
+
+@dataclass
+class Observed:
+    models: dict[str, GpuModelSpec] = field(default_factory=dict)
+    learned: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> status fields we keep up to date
+    model_generations: dict[str, int | None] = field(default_factory=dict)
+    pods: dict[str, PodState] = field(default_factory=dict)  # lane -> its backend pod as last seen
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires
+    run_limits: RunLimits = field(default_factory=RunLimits)  # the GpuPolicy's, or the defaults without one

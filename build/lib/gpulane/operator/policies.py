@@ -1,0 +1,57 @@
+"""The GpuPolicy in effect. The operator checks a policy as the webhook does (for clusters that run none),
+and reports on the policy's ``Accepted`` condition whether it took effect or why the previous one stays."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+from gpulane.admission.review import Refused, validate_policy
+from gpulane.api.contract import Body
+from gpulane.api.resources import GpuPolicyStatus
+from gpulane.api.run_limits import RunLimits
+from gpulane.core.policy import Policy
+from gpulane.operator.job_writes import JobWrites
+from gpulane.operator.observed import Observed
+from gpulane.operator.translate import condition, merge_condition
+
+log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    clock: Callable[[], float]
+    writes: JobWrites
+    observed: Observed
+    policy_generation: int | None
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def use_policy(self, policy: Policy) -> None: ...
+
+
+def policy_event(host: Host, kind: str | None, body: Body) -> None:
+    meta = body["metadata"]
+    if kind == "DELETED":
+        host.use_policy(Policy())
+        host.observed.run_limits = RunLimits()
+        host.policy_generation = None
+        return
+    generation = meta.get("generation")
+    if generation == host.policy_generation:
+        return
+    now = host.clock()
+    try:
+        parsed = validate_policy(body.get("spec") or {})
+    except Refused as err:
+        log.error("GpuPolicy %s refused: %s", meta["name"], err)
+        message = f"{err}; the previous policy stays in effect"
+        cond = condition("Accepted", False, "InvalidPolicy", message, now, generation)
+    else:
+        host.use_policy(parsed.scoring())
+        host.observed.run_limits = parsed.run_limits
+        cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
+    host.policy_generation = generation
+    conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)
+    fields = {"conditions": conditions, "observedGeneration": generation}
+    status = GpuPolicyStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
+    host.spawn(host.writes.cluster_status("gpupolicies", meta["name"], status))

@@ -1,0 +1,190 @@
+"""The rebuild at start: everything the operator knows, read back from the API before any watch event.
+
+Lanes stay offline while jobs are replayed, so nothing is dispatched from a partial view: the first
+decisions are taken with every pending job, running job and served clock known. Jobs found Dispatching
+or Running are adopted: they hold their lane's capacity again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tenacity import RetryCallState
+
+from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
+from gpulane.api.times import parse_time
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Event, JobAdopted, LaneUpdated, QueueServed
+from gpulane.kube.client import Gone, Kube, backoff, why
+from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.nodes import node_state
+from gpulane.operator.observed import Observed
+from gpulane.operator.pods import pod_state
+from gpulane.operator.translate import Refusal, job_from_body, job_key
+
+log = logging.getLogger(__name__)
+
+ACTIVE_PHASES = ("Dispatching", "Running")
+
+
+class Host(Protocol):
+    """The controller as the rebuild sees it: its state, and the event handlers it replays objects through."""
+
+    kube: Kube
+    clock: Callable[[], float]
+    dispatcher: Dispatcher
+    jobs: JobTable
+    observed: Observed
+    lanes: dict[str, LaneRunner]
+    ready: bool
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def apply(self, event: Event, woke_at: float | None = None) -> None: ...
+    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
+    def policy_event(self, kind: str | None, body: Body) -> None: ...
+    def model_event(self, kind: str | None, body: Body) -> None: ...
+    def lease_event(self, kind: str | None, body: Body) -> None: ...
+    def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None: ...
+    def job_event(self, kind: str | None, body: Body) -> None: ...
+
+
+@dataclass(frozen=True)
+class World:
+    """Everything the rebuild reads, read before anything is replayed: a failed read leaves no half-built
+    state behind, so the whole read can simply be tried again."""
+
+    policy: Body | None
+    models: list[Body]
+    leases: list[Body]
+    pods: list[Body]
+    nodes: list[Body]
+    lanes: list[Body]
+    jobs: list[Body]
+
+
+async def read_world(kube: Kube) -> World:
+    try:
+        policy: Body | None = await kube.get_cluster("gpupolicies", "default")
+    except Gone:
+        policy = None
+    return World(
+        policy=policy,
+        models=await kube.list_cluster("gpumodels"),
+        leases=await kube.list_leases(EXECUTOR_SELECTOR),
+        pods=await kube.list_pods(BACKEND_SELECTOR),
+        nodes=await kube.list_nodes(),
+        lanes=await kube.list_cluster("gpulanes"),
+        jobs=await kube.list_jobs(),
+    )
+
+
+def _unread(state: RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome else None
+    reason = why(err)
+    if isinstance(err, Gone):  # a 404 on a list: the kind itself is not served
+        reason = "gpulane's CRDs are not installed (`kubectl apply -f crds/`, or the chart)"
+    log.warning("cannot read the cluster's state (%s); not ready, retrying in %.1fs", reason, state.upcoming_sleep)
+
+
+async def rebuild(ctl: Host, *, max_backoff: float = 30.0) -> None:
+    """Read the cluster's state until a read succeeds, then replay it. Until then /readyz says not ready:
+    an apiserver that is starting (429 "storage is (re)initializing" right after a CRD is created), down,
+    or missing the CRDs delays the start; it does not fail it."""
+    async for attempt in backoff(_unread, initial=0.2, max_backoff=max_backoff):
+        with attempt:
+            world = await read_world(ctl.kube)
+    replay(ctl, world)
+
+
+def replay(ctl: Host, world: World) -> None:
+    observed = ctl.observed
+    if world.policy is not None:
+        ctl.policy_event(None, world.policy)
+    for body in world.models:
+        ctl.model_event(None, body)
+    for body in world.leases:
+        ctl.lease_event(None, body)
+    for body in world.pods:
+        state = pod_state(body)
+        if state is not None:
+            observed.pods[state.lane] = state
+    for body in world.nodes:
+        node = node_state(body)
+        observed.nodes[node.name] = node
+    for body in world.lanes:
+        ctl.lane_event(None, body, online=False)
+    jobs = sorted(world.jobs, key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)))
+    for body in jobs:
+        if (body.get("status") or {}).get("phase") in ACTIVE_PHASES:
+            ctl.job_event(None, body)
+    for member, priority, at in served_clocks(world.lanes, jobs):
+        ctl.apply(QueueServed(member, priority, at))
+    for body in jobs:
+        if (body.get("status") or {}).get("phase") not in ACTIVE_PHASES:
+            ctl.job_event(None, body)
+    for name, runner in ctl.lanes.items():
+        _check_adopted(ctl, name)
+        pod = observed.pods.get(name)
+        core = ctl.dispatcher.lanes[name]
+        resident = pod.model if pod is not None and not pod.failed else core.resident
+        ctl.apply(LaneUpdated(name, online=runner.online, resident=resident))
+        runner.kick()
+    ctl.ready = True
+    log.info(
+        "rebuilt: %d jobs waiting, %d active, %d lanes",
+        ctl.dispatcher.pending_count,
+        len(ctl.dispatcher.running),
+        len(ctl.lanes),
+    )
+
+
+def adopt(ctl: Host, body: Body) -> None:
+    """A job found Dispatching or Running: it holds its lane's capacity again."""
+    result = job_from_body(body, None)  # no policy check: it runs already, whatever the policy now says
+    status = body.get("status") or {}
+    if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
+        log.error("cannot adopt %s: %s", job_key(body), result.message)
+        return
+    lane = status.get("lane") or ""
+    view = JobView.of(body, result)
+    view.dispatched_at = parse_time(status.get("dispatchedAt")) or ctl.clock()
+    view.started_at = parse_time(status.get("startedAt"))
+    ctl.jobs.adopt(view, lane, running=status.get("phase") == "Running")
+    runner = ctl.lanes.get(lane)
+    if runner is None:
+        ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
+        return
+    ctl.apply(JobAdopted(result, lane, view.started_at or view.dispatched_at))
+    runner.kick()
+
+
+def _check_adopted(ctl: Host, lane: str) -> None:
+    """Running jobs whose backend pod is gone lost their backend while the operator was away."""
+    pod = ctl.observed.pods.get(lane)
+    for view in ctl.jobs.on_lane(lane, JobState.RUNNING):
+        if pod is None or pod.failed or pod.model != view.model:
+            ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
+
+
+def served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, float]]:
+    """When each (member, band) was last served: lanes record it, and dispatched jobs still show it."""
+    clocks: dict[tuple[str, int], float] = {}
+    for lane in lanes:
+        for entry in (lane.get("status") or {}).get("lastServed") or []:
+            at = parse_time(entry.get("at"))
+            if at is not None:
+                key = (entry["member"], int(entry["band"]))
+                clocks[key] = max(at, clocks.get(key, at))
+    for body in jobs:
+        status, spec = body.get("status") or {}, body.get("spec") or {}
+        at = parse_time(status.get("dispatchedAt"))
+        score = status.get("score") or {}
+        if at is None or "priority" not in score:
+            continue
+        key = (spec.get("member") or body["metadata"]["namespace"], int(score["priority"]))
+        clocks[key] = max(at, clocks.get(key, at))
+    return [(member, priority, at) for (member, priority), at in clocks.items()]

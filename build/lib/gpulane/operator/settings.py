@@ -1,0 +1,14 @@
+"""The operator's tunables (``gpulane operator --help`` sets them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Settings:
+    namespace: str = "gpulane-system"  # where backend pods live
+    exact_positions: int = 50  # per lane; positions beyond are rounded up to a multiple of this
+    status_writes_per_second: float = 200.0
+    status_interval: float = 1.0
+    tick_seconds: float = 1.0

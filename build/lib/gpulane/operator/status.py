@@ -1,0 +1,262 @@
+"""The one writer of queue status: positions, estimates and scores of waiting jobs, and the status of
+lanes and models.
+
+Writes are coalesced and rate-limited so that thousands of waiting jobs cause no patch storm:
+- the first ``exact_positions`` jobs of each lane get exact positions and estimates, rewritten when
+  they move or the estimate shifts noticeably;
+- jobs beyond them get a position rounded up to a multiple of ``exact_positions``
+  (``positionExact: false``), rewritten only when that bucket changes;
+- each pass writes the head of the queue first and at most ``status_writes_per_second`` per second;
+  whatever is left waits for the next pass, which recomputes from the newest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from gpulane.api.contract import FINALIZER, Body
+from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
+from gpulane.api.times import format_time
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.forecast import Forecast, forecast
+from gpulane.kube.client import Gone, Kube
+from gpulane.operator.history import DispatchHistory
+from gpulane.operator.job_writes import JobWrites, job_status
+from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.observed import Observed
+from gpulane.operator.settings import Settings
+from gpulane.operator.translate import band_label, condition, merge_condition, score_fields
+
+log = logging.getLogger(__name__)
+
+# Even with nothing new, estimates and scores drift as time passes: refresh them this often.
+REFRESH_SECONDS = 10.0
+CONCURRENT_WRITES = 8
+DISPATCH_POLL_SECONDS = 0.005
+DISPATCH_WAIT_SECONDS = 1.0
+
+# (job, the state it must still be in, the status to merge, what the writer remembers having written)
+Write = tuple[JobView, JobState, Body, tuple[Any, ...]]
+
+
+class StatusHost(Protocol):
+    """What the status writer reads: nothing here is written but statuses."""
+
+    settings: Settings
+    clock: Callable[[], float]
+    kube: Kube
+    dispatcher: Dispatcher
+    jobs: JobTable
+    observed: Observed
+    history: DispatchHistory
+    lanes: dict[str, LaneRunner]
+    writes: JobWrites
+
+
+class StatusWriter:
+    def __init__(self, host: StatusHost) -> None:
+        self.host = host
+        self.dirty = True
+        self._lanes: set[str] = set()
+        self._models: set[str] = set()
+        self._depth: dict[str, dict[str, int]] = {}
+        self._last_pass = -math.inf
+
+    def lane_dirty(self, lane: str) -> None:
+        self._lanes.add(lane)
+
+    def model_dirty(self, model: str) -> None:
+        self._models.add(model)
+
+    async def run(self) -> None:
+        interval = self.host.settings.status_interval
+        while True:
+            started = time.monotonic()
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("status pass failed; retrying")
+            # Passes start at most once per interval, so a pass's budget is also a rate.
+            await asyncio.sleep(max(0.05, interval - (time.monotonic() - started)))
+
+    async def flush(self) -> None:
+        host = self.host
+        now = host.clock()
+        budget = max(1, int(host.settings.status_writes_per_second * host.settings.status_interval))
+        writes: list[Write] = []
+        if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
+            self.dirty = False
+            self._last_pass = now
+            writes = self._queue_writes(now)
+            cost = 0
+            for i, (view, _, status, _) in enumerate(writes):
+                # A job near the head also gets its finalizer: a second write.
+                cost += 2 if status.get("positionExact") and FINALIZER not in view.finalizers else 1
+                if cost > budget:
+                    self.dirty = True  # the rest next pass, recomputed
+                    writes = writes[:i]
+                    break
+        sem = asyncio.Semaphore(CONCURRENT_WRITES)
+
+        async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
+            async with sem:
+                await self._after_dispatches()
+                await locked(view, state, status, written)
+
+        async def locked(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
+            async with view.lock:
+                if not host.jobs.holds(view, state):
+                    return  # dispatched or gone since the pass began
+                try:
+                    if status.get("positionExact"):  # likely dispatched soon: take the finalizer off that path
+                        await host.writes.add_finalizer(view)
+                    await host.kube.patch_job_status(view.namespace, view.name, {"status": status})
+                except Gone:
+                    return
+                view.written = written
+                view.api_phase = "Pending"
+
+        lanes, self._lanes = self._lanes, set()
+        models, self._models = self._models, set()
+        await asyncio.gather(
+            *(job(*w) for w in writes),
+            *(self._write_lane(name) for name in lanes if name in host.lanes),
+            *(self._write_model(name) for name in models if name in host.observed.models),
+        )
+
+    async def _after_dispatches(self) -> None:
+        """Positions wait while a job dispatched to a warm backend is not yet written Running: that write
+        is the one somebody waits for, and it must not queue behind a burst of position updates. Bounded,
+        so that a dispatch whose write keeps failing cannot hold the queue's status back."""
+        give_up = time.monotonic() + DISPATCH_WAIT_SECONDS
+        while time.monotonic() < give_up and self.dispatch_in_flight():
+            await asyncio.sleep(DISPATCH_POLL_SECONDS)
+
+    def dispatch_in_flight(self) -> bool:
+        pods = self.host.observed.pods
+        return any((pod := pods.get(v.lane or "")) is not None and pod.ready for v in self.host.jobs.assigned())
+
+    def _queue_writes(self, now: float) -> list[Write]:
+        host = self.host
+        dispatcher = host.dispatcher
+        exact_n = host.settings.exact_positions
+        per_lane: Counter[str | None] = Counter()
+        depth: dict[str, Counter[str]] = {name: Counter() for name in host.lanes}
+        writes: list[Write] = []
+        ahead: list[Forecast] = forecast(dispatcher)
+        for f in ahead:
+            view = host.jobs.get(f.job_id)
+            if view is None or view.state != JobState.PENDING:
+                continue
+            band = band_label(view.job.priority, dispatcher.policy)
+            if f.lane in depth:
+                depth[f.lane][band] += 1
+            index = per_lane[f.lane]
+            per_lane[f.lane] += 1
+            exact = index < exact_n
+            position = f.position if exact else math.ceil(f.position / exact_n) * exact_n
+            lane = dispatcher.lanes.get(f.lane or "")
+            score = dispatcher.ranking.breakdown(view.job, lane.resident if lane else None, now)
+            start = None if f.start is None else round(f.start if exact else f.start / 60) * (1 if exact else 60)
+            desired = (position, exact, start, round(score.total))
+            if not self._changed(view.written, desired):
+                continue
+            queued = condition("Admitted", True, "Queued", "waiting for a lane", now)
+            view.conditions = merge_condition(view.conditions, queued)
+            status = job_status(
+                phase="Pending",
+                reason=None,  # clears ModelNotFound once the model exists
+                message=None,
+                observedGeneration=view.generation,
+                position=position,
+                positionExact=exact,
+                estimatedStart=None if start is None else format_time(start),
+                score=score_fields(score),
+                conditions=view.conditions,
+            )
+            writes.append((view, JobState.PENDING, status, desired))
+        self._depth = {name: dict(c) for name, c in depth.items()}
+        for view in host.jobs.parked():
+            if view.written is None:
+                message = f"no GpuModel named {view.model!r}; the job waits until one is created"
+                view.conditions = merge_condition(
+                    view.conditions, condition("Admitted", False, "ModelNotFound", message, now)
+                )
+                status = job_status(
+                    phase="Pending", reason="ModelNotFound", message=message, conditions=view.conditions
+                )
+                writes.append((view, JobState.PARKED, status, ("parked",)))
+        for name, runner in host.lanes.items():
+            if self._depth.get(name, {}) != runner.last_depth:
+                self._lanes.add(name)
+        return writes
+
+    @staticmethod
+    def _changed(written: tuple[Any, ...] | None, desired: tuple[Any, ...]) -> bool:
+        if written is None or len(written) != len(desired):
+            return True
+        position, exact, start, score = desired
+        if (written[0], written[1]) != (position, exact):
+            return True
+        if not exact:
+            return False  # a bucket is rewritten only when it changes
+        if (start is None) != (written[2] is None):
+            return True
+        moved = start is not None and abs(start - written[2]) > 30
+        return moved or bool(abs(score - written[3]) >= 1)
+
+    async def _write_lane(self, name: str) -> None:
+        host = self.host
+        runner = host.lanes[name]
+        core = host.dispatcher.lanes.get(name)
+        pod = host.observed.pods.get(name)
+        spacing = host.dispatcher.policy.band_spacing
+        depth = self._depth.get(name, {})
+        # A merge patch merges maps: bands that emptied must be removed explicitly.
+        queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
+        runner.last_depth = depth
+        ready = bool(pod and pod.ready and core and core.ready and pod.model == core.resident)
+        if runner.node_problem is not None:
+            ready, why, message = False, "NodeUnavailable", f"nothing is dispatched here: {runner.node_problem}"
+        elif ready:
+            why, message = "BackendReady", f"{pod.name if pod else ''} serves {core.resident if core else ''}"
+        elif core is None or core.resident is None:
+            why, message = "NoModel", "no model is loaded; the next dispatch loads one"
+        else:
+            why, message = "Loading", f"loading {core.resident}"
+        runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, host.clock()))
+        model = GpuLaneStatus.model_validate(
+            {
+                "residentModel": core.resident if core else None,
+                "pod": pod.name if pod else None,
+                "ready": ready,
+                "conditions": runner.conditions,
+                "observedGeneration": runner.generation,
+                "history": host.history.of_lane(name),
+                "running": sorted(v.key for v in host.jobs.on_lane(name)),
+                "queueDepth": depth,
+                "lastServed": [
+                    {"member": member, "band": band * spacing, "at": format_time(at)}
+                    for (member, band), at in sorted(host.dispatcher.ranking.served().items())
+                ],
+            }
+        )
+        status = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        status["queueDepth"] = queue_depth  # with the emptied bands as None, which the model does not allow
+        with contextlib.suppress(Gone):
+            await host.kube.patch_cluster_status("gpulanes", name, {"status": status})
+
+    async def _write_model(self, name: str) -> None:
+        with contextlib.suppress(Gone):
+            observed = self.host.observed
+            fields = {**observed.learned[name], "observedGeneration": observed.model_generations.get(name)}
+            status = GpuModelStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
+            await self.host.kube.patch_cluster_status("gpumodels", name, {"status": status})

@@ -1,0 +1,149 @@
+"""Pure translations between Kubernetes objects (plain dicts) and the core's values.
+
+Nothing here calls the API: handlers and the rebuild at start use these to turn what they see into
+core events, and the unit tests exercise them without a cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpulane.api.contract import Body
+from gpulane.api.resources import GpuJobSpec, GpuModelSpec
+from gpulane.api.times import format_time, parse_time
+from gpulane.core.events import Dispatch
+from gpulane.core.jobs import Job, ModelSpec
+from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.priority import resolve_priority
+from gpulane.core.score import ScoreBreakdown
+from gpulane.core.validation import describe
+
+DEFAULT_TIER = "free"  # of a job that names none (the webhook, when installed, always sets one)
+
+
+def job_key(body: Body) -> str:
+    meta = body["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a GpuJob cannot be queued: a reason (CamelCase, for status.reason) and a message."""
+
+    reason: str
+    message: str
+
+
+def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
+    """The core job for a GpuJob, or why it cannot be queued under ``policy``.
+
+    Without a policy only the spec itself is checked: a job adopted after a restart keeps running
+    even if the policy changed meanwhile.
+    """
+    meta = body["metadata"]
+    try:
+        spec = GpuJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as err:
+        return Refusal("InvalidSpec", describe(err, "spec"))
+    try:
+        priority = resolve_priority(spec.priority)
+    except ValueError as err:
+        return Refusal("InvalidPriority", str(err))
+    if policy is not None:
+        refusal = policy_refusal(policy, priority, spec.tier or DEFAULT_TIER)
+        if refusal is not None:
+            return refusal
+    submitted = parse_time(meta.get("creationTimestamp"))
+    return Job(
+        id=job_key(body),
+        model=spec.model,
+        priority=priority,
+        tier=spec.tier or DEFAULT_TIER,
+        member=spec.member or meta["namespace"],
+        submitted_at=submitted if submitted is not None else 0.0,
+        expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
+    )
+
+
+def policy_refusal(policy: Policy, priority: int, tier: str) -> Refusal | None:
+    """Why ``policy`` cannot rank a job of this priority and tier, if it cannot."""
+    try:
+        policy.check_priority(priority)
+    except PolicyError as err:
+        return Refusal("PriorityOutOfBounds", str(err))
+    try:
+        policy.bonus_for_tier(tier)
+    except PolicyError as err:
+        return Refusal("UnknownTier", str(err))
+    return None
+
+
+def model_spec(name: str, spec: GpuModelSpec, status: Body | None, fallback: ModelSpec) -> ModelSpec:
+    """The core's view of a GpuModel: learned times from its status, else the spec's estimates."""
+    status = status or {}
+    load = status.get("loadSeconds", spec.expected_load_seconds)
+    run = status.get("runSeconds", spec.expected_run_seconds)
+    return ModelSpec(
+        name,
+        max_concurrency=spec.max_concurrency,
+        load_seconds=float(load) if load is not None else fallback.load_seconds,
+        run_seconds=float(run) if run is not None else fallback.run_seconds,
+    )
+
+
+def band_label(priority: int, policy: Policy) -> str:
+    """The metric and status label of a priority's band: the band's centre, e.g. ``-100``, ``0``, ``100``."""
+    return str(policy.band(priority) * policy.band_spacing)
+
+
+def condition(
+    type_: str, status: bool, reason: str, message: str, now: float, generation: int | None = None
+) -> dict[str, Any]:
+    cond: dict[str, Any] = {
+        "type": type_,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": format_time(now),
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+def merge_condition(existing: list[dict[str, Any]] | None, new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Replace the condition of the same type; keep its transition time when its status did not change."""
+    out = []
+    for cond in existing or []:
+        if cond.get("type") == new["type"]:
+            if cond.get("status") == new["status"]:
+                new = {**new, "lastTransitionTime": cond.get("lastTransitionTime", new["lastTransitionTime"])}
+            continue
+        out.append(cond)
+    out.append(new)
+    return out
+
+
+def score_fields(score: ScoreBreakdown) -> dict[str, float]:
+    """The score as written to a status: aging and total to two decimals (the clock is sub-second)."""
+    return {**score.as_dict(), "aging": round(score.aging, 2), "total": round(score.total, 2)}
+
+
+def dispatch_record(decision: Dispatch) -> dict[str, Any]:
+    """A dispatch as lanes remember it (status.history) and stories tell it (status.story)."""
+    job = decision.job
+    return {
+        "job": job.id,
+        "at": format_time(decision.at),
+        "lane": decision.lane,
+        "model": decision.model,
+        "load": decision.load,
+        "member": job.member,
+        "priority": job.priority,
+        "tier": job.tier,
+        "score": score_fields(decision.score),
+        "changedBy": dict(decision.changed_by) or None,
+    }
