@@ -123,17 +123,18 @@ class Bridge:
         return web.json_response(err.body(), status=err.status, headers=headers)
 
     async def _judge(self, request: web.Request) -> tuple[Call, Identity]:
-        """Everything that can refuse the call, before anything is created or sent."""
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise CallError(413, f"request body is over the limit of {self.settings.max_body_bytes} bytes") from None
-        call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes)
+        """Everything that can refuse the call, before anything is created or sent. The key is checked
+        first, from the headers alone: an unknown caller never makes the bridge read or parse a body."""
         try:
             identity = self.keys.identify(request.headers.get("Authorization"), request.headers)
         except Denied as err:
             kind = "authentication_error" if err.status == 401 else "permission_error"
             raise CallError(err.status, str(err), kind=kind) from None
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise CallError(413, f"request body is over the limit of {self.settings.max_body_bytes} bytes") from None
+        call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes)
         if call.model not in await self.queue.models():
             raise CallError(404, f"the model {call.model!r} does not exist", code="model_not_found", param="model")
         if sum(self._queued.values()) >= self.settings.max_queued:

@@ -7,8 +7,9 @@ sent: once a 200 event stream has started, a 4xx is no longer possible.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
+from email.message import Message
+from email.parser import BytesHeaderParser
 from typing import Any
 
 # Routed by the JSON body's "model" field.
@@ -22,8 +23,8 @@ JSON_PATHS = (
 )
 # Routed by the multipart form's "model" field.
 MULTIPART_PATHS = ("/v1/audio/transcriptions", "/v1/images/edits")
-# The "model" part of a multipart form: its header lines (never empty), a blank line, then its value.
-_MODEL_FIELD = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n([^\r\n]*)\r\n')
+# The longest "model" value taken from a form; a model name is a Kubernetes object name.
+MAX_MODEL_FIELD = 253
 
 
 class CallError(Exception):
@@ -54,10 +55,12 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int) -> Call
     if path in MULTIPART_PATHS:
         if not content_type.startswith("multipart/form-data"):
             raise CallError(400, f"{path} takes multipart/form-data")
-        match = _MODEL_FIELD.search(body)
-        if match is None or not match[1].strip():
+        model = form_field(content_type, body, "model")
+        if model is None or not model.strip():
             raise CallError(400, "the form has no 'model' field", param="model")
-        return Call(path, match[1].strip().decode(errors="replace"), False, body, content_type)
+        if len(model) > MAX_MODEL_FIELD:
+            raise CallError(400, f"the form's 'model' field is over {MAX_MODEL_FIELD} characters", param="model")
+        return Call(path, model.strip(), False, body, content_type)
     if path not in JSON_PATHS:
         raise CallError(404, f"unknown endpoint {path}", code="unknown_url")
     try:
@@ -73,3 +76,31 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int) -> Call
     if not isinstance(stream, bool):
         raise CallError(400, "'stream' must be a boolean", param="stream")
     return Call(path, model, stream, body, "application/json")
+
+
+def form_field(content_type: str, body: bytes, name: str) -> str | None:
+    """The value of the text field ``name`` in a multipart/form-data ``body`` (RFC 7578), or None.
+
+    The body is cut at its boundary lines (bytes.split: linear, in C), and only each part's own headers
+    are parsed, so text inside an uploaded file that looks like a field is never taken for one.
+    """
+    header = Message()
+    header["Content-Type"] = content_type
+    boundary = header.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary:
+        raise CallError(400, "the multipart Content-Type has no boundary")
+    # Every delimiter is CRLF "--" boundary; the first may open the body without its CRLF.
+    pieces = (b"\r\n" + body).split(b"\r\n--" + boundary.encode())
+    for piece in pieces[1:]:  # pieces[0] is the preamble
+        rest_of_line, _, part = piece.partition(b"\r\n")
+        if rest_of_line.startswith(b"--"):
+            break  # the closing delimiter
+        head, blank, content = part.partition(b"\r\n\r\n")
+        if not blank:
+            continue
+        headers = BytesHeaderParser().parsebytes(head + b"\r\n\r\n")
+        disposition = Message()
+        disposition["Content-Disposition"] = headers.get("Content-Disposition", "")
+        if disposition.get_param("name", header="content-disposition") == name:
+            return content.decode(errors="replace")
+    return None

@@ -90,6 +90,46 @@ def test_bad_calls_are_refused_with_openai_errors(path, content, status, message
     assert set(err.value.body()["error"]) == {"message", "type", "param", "code"}
 
 
+def form(*parts: tuple[str, bytes], boundary: str = "XyZ") -> bytes:
+    """A multipart/form-data body; each part is (its Content-Disposition parameters, its content)."""
+    out = b""
+    for params, content in parts:
+        out += f"--{boundary}\r\nContent-Disposition: form-data; {params}\r\n".encode()
+        if "filename" in params:
+            out += b"Content-Type: application/octet-stream\r\n"
+        out += b"\r\n" + content + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def test_a_field_lookalike_inside_an_uploaded_file_is_not_the_model():
+    """Issue 16, item 10: the form is parsed by its parts, not searched for the text name="model"."""
+    trap = b'junk\r\nContent-Disposition: form-data; name="model"\r\n\r\nexpensive\r\nmore'
+    body = form(('name="file"; filename="a.wav"', trap), ('name="model"', b"whisper"))
+    call = read_call("/v1/audio/transcriptions", 'multipart/form-data; boundary="XyZ"', body, 10_000)
+    assert call.model == "whisper"
+
+
+def test_a_form_field_may_carry_headers_and_binary_content_around_it():
+    audio = bytes(range(256)) * 4  # CRs and LFs in the file, but never a delimiter
+    body = form(('name="file"; filename="x.wav"', audio), ('name="language"', b"en"), ('name="model"', b"whisper-1"))
+    assert read_call("/v1/audio/transcriptions", "multipart/form-data; boundary=XyZ", body, 10_000).model == "whisper-1"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "message"),
+    [
+        ("multipart/form-data", form(('name="model"', b"m")), "has no boundary"),
+        ("multipart/form-data; boundary=XyZ", form(('name="model"', b"m" * 300)), "over 253 characters"),
+        ("multipart/form-data; boundary=XyZ", form(('name="modelx"', b"m")), "no 'model' field"),
+        ("multipart/form-data; boundary=XyZ", b'name="model"\r\n' * 5000, "no 'model' field"),
+    ],
+)
+def test_a_bad_form_is_refused_saying_why(content_type: str, body: bytes, message: str):
+    with pytest.raises(CallError, match=message) as err:
+        read_call("/v1/images/edits", content_type, body, 1_000_000)
+    assert err.value.status == 400
+
+
 def test_multipart_calls_are_routed_by_their_model_field():
     form = (
         b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper\r\n'

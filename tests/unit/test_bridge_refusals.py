@@ -79,3 +79,21 @@ def test_a_refused_job_is_an_openai_error_and_frees_its_queue_slot() -> None:
         assert sum(bridge._queued.values()) == 0
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("headers", "status"), [({}, 401), ({"Authorization": "Bearer sk-wrong-000000"}, 401),
+                                                 ({"Authorization": f"Bearer {KEY['key']}"}, 413)])  # fmt: skip
+def test_the_key_is_checked_before_the_body_is_read(headers: dict[str, str], status: int) -> None:
+    """Issue 16, item 10: only a known caller makes the bridge read (and parse) up to max_body_bytes."""
+
+    async def scenario() -> None:
+        bridge = Bridge(RefusingQueue(), KeyRing(KeysFile.model_validate({"keys": [KEY]})),
+                        BridgeSettings(max_body_bytes=1000))  # fmt: skip
+        async with TestClient(TestServer(bridge.app())) as http:
+            resp = await http.post("/v1/chat/completions", data=b"{" * 5000, headers=headers)
+            assert resp.status == status
+            assert (await resp.json())["error"]["type"] == (
+                "authentication_error" if status == 401 else "invalid_request_error"
+            )
+
+    asyncio.run(scenario())
