@@ -18,8 +18,10 @@ against, the highest priority it may request, and whether it is trusted to speak
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,10 @@ from gpulane.core.validation import describe
 MEMBER_HEADER = "X-LlamaSwap-Member"
 TIER_HEADER = "X-LlamaSwap-Tier"
 PRIORITY_HEADER = "X-LlamaSwap-Priority"
+# How often the keys file is looked at again (as the webhook re-reads its certificate).
+RELOAD_SECONDS = 10.0
+
+log = logging.getLogger(__name__)
 
 
 class Grant(CamelModel):
@@ -88,21 +94,42 @@ class Identity:
 
 
 class KeyRing:
-    def __init__(self, parsed: KeysFile) -> None:
-        self._by_digest = {k.digest: k for k in parsed.keys}
-        self._anonymous = parsed.anonymous
+    def __init__(self, parsed: KeysFile, digest: str | None = None) -> None:
+        self.use(parsed)
+        self._digest = digest  # of the file the keys were read from: a change is one from this
+
+    def use(self, parsed: KeysFile) -> None:
+        """From now on, these keys (both fields at once: no call sees half of a change)."""
+        self._by_digest, self._anonymous = {k.digest: k for k in parsed.keys}, parsed.anonymous
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
 
     @classmethod
     def load(cls, path: Path) -> KeyRing:
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-            return cls(KeysFile.model_validate(raw))
-        except OSError as err:
-            raise KeysError(f"{path}: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise KeysError(f"{path}: not YAML: {err}") from None
-        except ValidationError as err:
-            raise KeysError(f"{path}: {describe(err)}") from None
+        text = _read(path)
+        return cls(_parse(path, text), hashlib.sha256(text).hexdigest())
+
+    async def follow(self, path: Path, interval: float = RELOAD_SECONDS) -> None:
+        """Re-read ``path`` every ``interval`` seconds, until cancelled, and use its keys when it changed:
+        a revoked key stops working without a restart (a mounted Secret's update lands within about a
+        minute, then here). A file that cannot be used is logged and the keys in use stay."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue  # absent for a moment: a mounted Secret's files are swapped by symlink
+            digest = hashlib.sha256(text).hexdigest()
+            if digest == self._digest:
+                continue
+            self._digest = digest
+            try:
+                self.use(_parse(path, text))
+            except KeysError as err:
+                log.error("keys file not reloaded, the previous keys stay in use: %s", err)
+                continue
+            log.info("reloaded %s: %d keys", path, len(self))
 
     def identify(self, authorization: str | None, headers: Mapping[str, str]) -> Identity:
         """The caller's identity from ``Authorization: Bearer KEY`` and the X-LlamaSwap headers
@@ -130,6 +157,22 @@ class KeyRing:
             tier = headers.get(TIER_HEADER) or tier
         requested = parse_priority(headers.get(PRIORITY_HEADER))
         return Identity(name, member, tier, min(requested, grant.max_priority), requested)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise KeysError(f"{path}: {err.strerror}") from None
+
+
+def _parse(path: Path, text: bytes) -> KeysFile:
+    try:
+        return KeysFile.model_validate(yaml.safe_load(text) or {})
+    except yaml.YAMLError as err:
+        raise KeysError(f"{path}: not YAML: {err}") from None
+    except ValidationError as err:
+        raise KeysError(f"{path}: {describe(err)}") from None
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -16,7 +16,7 @@ from aiohttp import web
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import KubeJobQueue
-from gpulane.bridge.keys import KeyRing, KeysError
+from gpulane.bridge.keys import RELOAD_SECONDS, KeyRing, KeysError
 from gpulane.kube.client import Kube, load_client
 
 
@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default=os.environ.get("GPULANE_NAMESPACE", "gpulane-system"),
                         help="where the bridge creates its GpuJobs and holds its Lease")  # fmt: skip
     parser.add_argument("--keys-file", required=True, type=Path, help="API keys (YAML; see gpulane/bridge/keys.py)")
+    parser.add_argument("--keys-reload-seconds", type=float, default=RELOAD_SECONDS,
+                        help="how often the keys file is re-read; a changed one replaces the keys in use")  # fmt: skip
     parser.add_argument("--endpoint", action="append", type=_endpoint, default=[], metavar="MODEL=URL",
                         help="send MODEL's calls to URL instead of the pod's endpoint (repeatable)")  # fmt: skip
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
@@ -72,6 +74,7 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     queue = KubeJobQueue(kube, args.replica, args.lease_seconds)
     await queue.start()
     bridge = Bridge(queue, keys, settings)
+    reloads = asyncio.create_task(keys.follow(args.keys_file, args.keys_reload_seconds))
     executor = ManifestExecutor(kube, queue.lease, settings.endpoints)
     if args.execute_manifests:
         executor.start()
@@ -86,6 +89,7 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    reloads.cancel()
     await runner.cleanup()
     await executor.stop()
     await queue.stop()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,43 @@ def test_a_bad_keys_file_is_refused_with_where_and_why(tmp_path: Path):
         KeyRing.load(path)
     with pytest.raises(KeysError, match="No such file"):
         KeyRing.load(tmp_path / "absent.yaml")
+
+
+def test_a_changed_keys_file_replaces_the_keys_and_a_broken_one_keeps_them(tmp_path: Path, caplog):
+    """Issue 16, item 13: a revoked key stops working without a restart."""
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n- {name: a, key: sk-aaaa-0000, member: a}\n- {name: b, key: sk-bbbb-0000, member: b}\n")
+    keys = KeyRing.load(path)
+
+    def accepted(key: str) -> bool:
+        try:
+            keys.identify(f"Bearer {key}", {})
+        except Denied:
+            return False
+        return True
+
+    async def until(check, what: str) -> None:
+        deadline = time.monotonic() + 5
+        while not check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.005)
+
+    async def scenario() -> None:
+        follower = asyncio.create_task(keys.follow(path, interval=0.01))
+        path.write_text("keys:\n- {name: a, key: sk-aaaa-0000, member: a}\n")  # b is revoked
+        await until(lambda: not accepted("sk-bbbb-0000"), "the revoked key refused")
+        assert accepted("sk-aaaa-0000")
+        path.write_text("keys: [unclosed")
+        await until(lambda: any("not reloaded" in r.getMessage() for r in caplog.records), "the bad file logged")
+        assert accepted("sk-aaaa-0000") and not accepted("sk-bbbb-0000")
+        path.unlink()  # a Secret's files are swapped: absent for a moment
+        path.write_text("keys:\n- {name: c, key: sk-cccc-0000, member: c}\n")
+        await until(lambda: accepted("sk-cccc-0000"), "the new key accepted")
+        follower.cancel()
+
+    with caplog.at_level("INFO", logger="gpulane.bridge.keys"):
+        asyncio.run(scenario())
+    assert "reloaded" in caplog.text and "sk-" not in caplog.text  # keys are never logged
 
 
 def body(**fields) -> bytes:
