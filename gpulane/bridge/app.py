@@ -128,7 +128,7 @@ class Bridge:
         try:
             identity = self.keys.identify(request.headers.get("Authorization"), request.headers)
         except Denied as err:
-            kind = "authentication_error" if err.status == 401 else "permission_error"
+            kind = {401: "authentication_error", 403: "permission_error"}.get(err.status, "invalid_request_error")
             raise CallError(err.status, str(err), kind=kind) from None
         try:
             body = await request.read()

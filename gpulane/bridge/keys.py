@@ -36,6 +36,8 @@ from gpulane.core.validation import describe
 MEMBER_HEADER = "X-LlamaSwap-Member"
 TIER_HEADER = "X-LlamaSwap-Tier"
 PRIORITY_HEADER = "X-LlamaSwap-Priority"
+# A GpuJob's spec.member is at most 253 characters: a key's member and its user's name take half each.
+MEMBER_LIMIT = 252
 # How often the keys file is looked at again (as the webhook re-reads its certificate).
 RELOAD_SECONDS = 10.0
 
@@ -43,10 +45,15 @@ log = logging.getLogger(__name__)
 
 
 class Grant(CamelModel):
-    member: str = Field(min_length=1, max_length=253)
+    member: str = Field(min_length=1, max_length=MEMBER_LIMIT // 2)
     tier: str = Field(default="free", min_length=1, max_length=63)
     max_priority: int = 0
     trusted: bool = False
+    # The tiers a trusted key may give its users with X-LlamaSwap-Tier; unset: only its own tier.
+    tiers: list[str] | None = None
+
+    def allowed_tiers(self) -> list[str]:
+        return [self.tier] if self.tiers is None else self.tiers
 
 
 class Key(Grant):
@@ -153,10 +160,23 @@ class KeyRing:
             if value is not None and value != current and not grant.trusted:
                 raise Denied(403, f"key {name!r} may not set {header}: only trusted keys speak for their users")
         if grant.trusted:
-            member = headers.get(MEMBER_HEADER) or member
+            member = _forwarded_member(name, grant, headers.get(MEMBER_HEADER))
             tier = headers.get(TIER_HEADER) or tier
+            if tier not in grant.allowed_tiers():
+                raise Denied(403, f"key {name!r} may give its users only tier {', '.join(grant.allowed_tiers())}, "
+                                  f"not {tier[:63]!r} (its 'tiers' in the keys file)")  # fmt: skip
         requested = parse_priority(headers.get(PRIORITY_HEADER))
         return Identity(name, member, tier, min(requested, grant.max_priority), requested)
+
+
+def _forwarded_member(name: str, grant: Grant, value: str | None) -> str:
+    """A trusted key's user counts as ``<key's member>/<user>``: never as another key's member or a real
+    user of the cluster, whatever name the application sends."""
+    if not value or value == grant.member:
+        return grant.member
+    if len(value) > MEMBER_LIMIT // 2 or not value.isprintable():
+        raise Denied(400, f"{MEMBER_HEADER} must be printable and at most {MEMBER_LIMIT // 2} characters")
+    return f"{grant.member}/{value}"
 
 
 def _read(path: Path) -> bytes:

@@ -119,16 +119,16 @@ def test_the_interactive_call_overtakes_the_batch_call(setup: Setup) -> None:
 
     batch = threading.Thread(target=call, args=("batch-user", "batch"))
     batch.start()
-    wait_until(lambda: any(j["spec"]["member"] == "batch-user" for j in setup.jobs()), what="the batch job")
+    wait_until(lambda: any(j["spec"]["member"] == "app/batch-user" for j in setup.jobs()), what="the batch job")
     interactive = threading.Thread(target=call, args=("image-user", "interactive"))
     interactive.start()
-    wait_until(lambda: any(j["spec"]["member"] == "image-user" for j in setup.jobs()), what="the interactive job")
+    wait_until(lambda: any(j["spec"]["member"] == "app/image-user" for j in setup.jobs()), what="the interactive job")
     world.complete("blocker")
     batch.join(60)
     interactive.join(60)
     assert finished == ["image-user", "batch-user"]
     priorities = {j["spec"]["member"]: j["spec"]["priority"] for j in setup.jobs()}
-    assert priorities["image-user"] == 100 and priorities["batch-user"] == -100
+    assert priorities["app/image-user"] == 100 and priorities["app/batch-user"] == -100  # counted under the key
 
 
 def test_bad_calls_get_openai_errors_and_leave_no_job(setup: Setup) -> None:

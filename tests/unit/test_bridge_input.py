@@ -13,7 +13,8 @@ import pytest
 from gpulane.bridge.calls import CallError, read_call
 from gpulane.bridge.keys import Denied, KeyRing, KeysError, KeysFile
 
-APP = {"name": "app", "key": "sk-app-000000", "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True}
+APP = {"name": "app", "key": "sk-app-000000", "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True,
+       "tiers": ["free", "pro"]}  # fmt: skip
 BOB = {"name": "bob", "sha256": hashlib.sha256(b"sk-bob-111111").hexdigest(), "member": "bob", "maxPriority": 0}
 
 
@@ -34,13 +35,31 @@ def test_the_priority_header_is_parsed_leniently_and_capped(header, priority):
 
 
 def test_only_trusted_keys_speak_for_their_users():
-    who = ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Member": "carol", "X-LlamaSwap-Tier": "max"})
-    assert (who.member, who.tier) == ("carol", "max")
+    who = ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Member": "carol", "X-LlamaSwap-Tier": "free"})
+    assert (who.member, who.tier) == ("app/carol", "free")
     with pytest.raises(Denied) as err:
         ring().identify("Bearer sk-bob-111111", {"X-LlamaSwap-Member": "carol"})
     assert err.value.status == 403 and "may not set X-LlamaSwap-Member" in str(err.value)
     # Naming oneself is no escalation.
     assert ring().identify("Bearer sk-bob-111111", {"X-LlamaSwap-Member": "bob"}).member == "bob"
+
+
+def test_a_trusted_key_gives_only_its_own_tiers_and_its_users_count_under_its_member():
+    """Issue 16, item 11: trust is bounded by the key's settings, and a forwarded name cannot pose as
+    another member (bob, or another application's users)."""
+    with pytest.raises(Denied) as err:
+        ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Tier": "max"})
+    assert err.value.status == 403 and "may give its users only tier free, pro, not 'max'" in str(err.value)
+    own = KeyRing(KeysFile.model_validate({"keys": [{**APP, "tiers": None}]}))
+    assert own.identify("Bearer sk-app-000000", {"X-LlamaSwap-Tier": "pro"}).tier == "pro"
+    with pytest.raises(Denied, match="only tier pro, not 'free'"):
+        own.identify("Bearer sk-app-000000", {"X-LlamaSwap-Tier": "free"})
+    assert ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Member": "bob"}).member == "app/bob"
+    assert ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Member": "app"}).member == "app"
+    for bad in ("x" * 127, "tab\there"):
+        with pytest.raises(Denied) as err:
+            ring().identify("Bearer sk-app-000000", {"X-LlamaSwap-Member": bad})
+        assert err.value.status == 400
 
 
 def test_unknown_and_missing_keys_are_refused_unless_anonymous_access_is_configured():
