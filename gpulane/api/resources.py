@@ -116,7 +116,7 @@ class DispatchRecord(CamelModel):
     lane: str
     model: str
     load: bool
-    member: str
+    member: str | None = None  # absent for a job of another namespace (its name is hidden too)
     priority: int
     tier: str
     score: ScoreTerms

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpulane.core.events import Dispatch
 from gpulane.core.priority import band_of
 from gpulane.core.score import ScoreBreakdown
@@ -18,14 +20,17 @@ def format_score(score: ScoreBreakdown) -> str:
     )
 
 
-def describe_dispatch(decision: Dispatch) -> str:
-    """Why this job won its lane: its score terms, and who would have won without a deciding term."""
+def describe_dispatch(decision: Dispatch, name: Callable[[str], str] = str) -> str:
+    """Why this job won its lane: its score terms, and who would have won without a deciding term
+    (each job id as ``name`` shows it: the operator hides other namespaces' jobs)."""
     how = f"loading {decision.model}" if decision.load else f"{decision.model} already loaded"
     if decision.load and decision.replaces:
         how = f"swapping {decision.replaces} for {decision.model}"
     text = f"dispatched to lane {decision.lane} ({how}) with score {format_score(decision.score)}"
     if decision.changed_by:
-        parts = [f"{TERM_NAMES.get(term, term)} (else {job})" for term, job in sorted(decision.changed_by.items())]
+        parts = [
+            f"{TERM_NAMES.get(term, term)} (else {name(job)})" for term, job in sorted(decision.changed_by.items())
+        ]
         text += "; won because of " + ", ".join(parts)
     return text
 

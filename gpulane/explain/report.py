@@ -105,7 +105,7 @@ def render_queue(rows: dict[str, list[Body]], wide: bool = False) -> str:
                         r["job"],
                         r["lane"] or "-",
                         r["model"],
-                        r["member"] or "-",
+                        r.get("member") or "-",
                         duration(r["elapsed"]) if r["phase"] == "Running" else "loading",
                         duration(r["expected"]),
                     ]
@@ -137,7 +137,7 @@ def render_queue(rows: dict[str, list[Body]], wide: bool = False) -> str:
         row = [
             position,
             r["job"],
-            r["member"] or "-",
+            r.get("member") or "-",
             r["model"],
             _band_name(r["priority"]),
             r["tier"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from gpulane.api.contract import Body
@@ -40,7 +41,9 @@ class DispatchHistory:
         return [record for _, record in self._lanes.get(lane, ())]
 
     def story(self, key: str, queued: float, until: float, load: bool) -> Body:
-        """The dispatches that went ahead of job ``key`` between ``queued`` and ``until``."""
+        """The dispatches that went ahead of job ``key`` between ``queued`` and ``until``; jobs of other
+        namespaces keep their priority, tier and score (why they went first) but not their name or member."""
+        namespace = key.partition("/")[0]
         ahead = sorted(  # by time alone: records restored from status share whole seconds
             (
                 (at, record)
@@ -54,10 +57,30 @@ class DispatchHistory:
         total -= len(self._times) - bisect.bisect_left(self._times, until)
         return {
             "queuedAt": format_time(queued),
-            "ranAhead": [record for _, record in ahead[-STORY_LIMIT:]],
+            "ranAhead": [redacted(record, namespace) for _, record in ahead[-STORY_LIMIT:]],
             "ranAheadTotal": max(total, len(ahead)),
             "load": load,
         }
 
     def _lane(self, lane: str) -> deque[tuple[float, Record]]:
         return self._lanes.setdefault(lane, deque(maxlen=HISTORY_LIMIT))
+
+
+# How a job of another namespace appears in a job's story and Events: the job's readers may not read it.
+HIDDEN_JOB = "(a job of another namespace)"
+
+
+def shown_in(namespace: str) -> Callable[[str], str]:
+    """A job id as the readers of ``namespace`` see it."""
+    return lambda job: job if job.partition("/")[0] == namespace else HIDDEN_JOB
+
+
+def redacted(record: Record, namespace: str) -> Record:
+    if record["job"].partition("/")[0] == namespace:
+        shown = shown_in(namespace)
+        changed = record.get("changedBy")
+        return {**record, "changedBy": {t: shown(j) for t, j in changed.items()}} if changed else record
+    hidden = {**record, "job": HIDDEN_JOB}
+    hidden.pop("member", None)
+    hidden.pop("changedBy", None)
+    return hidden

@@ -19,7 +19,7 @@ from gpulane.api.resources import API_VERSION, GpuJobStatus
 from gpulane.api.times import format_time
 from gpulane.core.explain import describe_dispatch
 from gpulane.kube.client import Conflict, Gone, Kube
-from gpulane.operator.history import DispatchHistory
+from gpulane.operator.history import DispatchHistory, shown_in
 from gpulane.operator.jobs import JobView
 from gpulane.operator.translate import Refusal, condition, merge_condition, score_fields
 
@@ -49,7 +49,7 @@ def dispatched_fields(view: JobView, history: DispatchHistory, now: float) -> Bo
         queued, until = view.job.submitted_at, view.dispatched_at or now
         fields["story"] = history.story(view.key, queued, until, decision.load)
         reason = "ModelLoad" if decision.load else "Warm"
-        text = describe_dispatch(decision)
+        text = describe_dispatch(decision, shown_in(view.namespace))
         view.conditions = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))
         fields["conditions"] = view.conditions
     return fields
@@ -138,7 +138,7 @@ class JobWrites:
         """The Dispatched Event, posted once the job's own status says so (it would delay the status)."""
         if view.decision is not None and not view.announced:
             view.announced = True
-            text = describe_dispatch(view.decision)
+            text = describe_dispatch(view.decision, shown_in(view.namespace))
             self.spawn(self.kube.event(view.ref(), "Dispatched", text, now=view.decision.at))
 
     async def end(self, view: JobView, phase: str, reason: str, message: str, now: float) -> EndResult:

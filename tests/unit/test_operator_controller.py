@@ -28,6 +28,7 @@ from gpulane.api.times import format_time
 from gpulane.core.policy import Policy
 from gpulane.kube.client import STATUS_WRITE_KINDS, Conflict, Gone
 from gpulane.operator.controller import Controller
+from gpulane.operator.history import HIDDEN_JOB, redacted
 from gpulane.operator.jobs import JobState
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
@@ -1317,6 +1318,37 @@ def test_a_story_with_dispatches_at_the_same_instant_on_two_lanes():
         assert [r["job"] for r in story["ranAhead"]] == [f"{NS}/a", f"{NS}/b"]
 
     asyncio.run(scenario())
+
+
+def test_a_story_hides_the_name_and_member_of_another_namespaces_job():
+    """Issue 16, item 15: team-b's job went ahead of ours; our story says why (its priority, tier, score)
+    but not who (its name, its member), and neither does the Dispatched condition."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm("blocker")
+        theirs = w.kube.put("gpujobs", job_body("secret-project", ns="team-b", member="carol", priority=100))
+        w.ctl.job_event("ADDED", theirs)
+        w.submit("mine")
+        for ns, name in ((NS, "blocker"), ("team-b", "secret-project")):
+            w.clock.now += 1
+            status = {"phase": "Succeeded", "finishedAt": format_time(w.clock())}
+            w.ctl.job_event("MODIFIED", w.kube.update(f"gpujobs/{ns}/{name}", {"status": status}))
+            await w.reconcile()
+        mine = w.kube.job("mine")["status"]
+        assert mine["phase"] == "Running"
+        [ahead] = mine["story"]["ranAhead"]
+        assert ahead["job"] == HIDDEN_JOB and "member" not in ahead
+        assert (ahead["priority"], ahead["tier"]) == (100, "free")
+        assert "secret-project" not in str(mine) and "carol" not in str(mine)
+
+    asyncio.run(scenario())
+
+
+def test_a_records_deciding_jobs_of_other_namespaces_are_hidden_too():
+    record = {"job": f"{NS}/a", "member": "alice", "changedBy": {"aging": "team-b/x", "affinity": f"{NS}/b"}}
+    assert redacted(record, NS)["changedBy"] == {"aging": HIDDEN_JOB, "affinity": f"{NS}/b"}
+    assert redacted(record, "team-b") == {"job": HIDDEN_JOB}
 
 
 def test_queue_positions_wait_for_a_warm_dispatch_in_flight():
