@@ -53,10 +53,13 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    importlib.import_module("gpulane.admission.webhook")  # registers the handlers
+    webhook = importlib.import_module("gpulane.admission.webhook")  # registers the handlers
 
     memo = kopf.Memo(kubeconfig=args.kubeconfig, webhook=serving)
-    uvloop.run(kopf.operator(clusterwide=True, standalone=True, memo=memo, liveness_endpoint=args.liveness))
+    memories = webhook.AdmissionMemories()
+    uvloop.run(
+        kopf.operator(clusterwide=True, standalone=True, memo=memo, liveness_endpoint=args.liveness, memories=memories)
+    )
     return 0
 
 

@@ -12,6 +12,10 @@ import logging
 from typing import Any
 
 import kopf
+
+# kopf.operator() takes a memories container (`memories=`); its class lives in a private module.
+from kopf._cogs.structs import bodies, ephemera
+from kopf._core.reactor import inventory
 from kubernetes.aio.client import ApiClient
 
 from gpulane.admission.configuration import MUTATE_JOB, VALIDATE_JOB, VALIDATE_POLICY
@@ -28,6 +32,25 @@ log = logging.getLogger(__name__)
 
 # How often the certificate files are re-read: a rotated certificate is served within this time.
 CERT_CHECK_SECONDS = 10.0
+
+
+class AdmissionMemories(inventory.ResourceMemories):
+    """kopf keeps a memory for each object it reviews on UPDATE, and forgets it only on a watched DELETED
+    event. The standalone webhook watches no GpuJobs, so it would keep one for every job ever updated:
+    here GpuJob reviews are never remembered (the handlers keep their state in the shared memo)."""
+
+    async def recall(
+        self,
+        raw_body: bodies.RawBody,
+        *,
+        memobase: ephemera.AnyMemo | None = None,
+        noticed_by_listing: bool = False,
+        ephemeral: bool = False,
+    ) -> inventory.ResourceMemory:
+        ephemeral = ephemeral or raw_body.get("kind") == "GpuJob"
+        return await super().recall(
+            raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing, ephemeral=ephemeral
+        )
 
 
 class AdmissionState:
