@@ -130,16 +130,15 @@ class ManifestExecutor:
                     )
             upstream, content_type = resp.status, resp.content_type
         key, stored = answer_entry(bytes(answer))
-        config_map = f"{name}-result"
+        # Named after this job's uid too: a job deleted and created again under its name never meets the
+        # old one's ConfigMap (collected a moment later through its owner), and create is the only right needed.
+        config_map = f"{name[:235]}-result-{meta['uid'][:8]}"
         manifest = {
             "metadata": {"name": config_map, "ownerReferences": [{
                 "apiVersion": API_VERSION, "kind": "GpuJob", "name": name, "uid": meta["uid"]}]},
             **stored,
         }  # fmt: skip
-        try:
-            await self.kube.create_config_map(namespace, manifest)
-        except Conflict:  # left by an earlier job of this name, not yet collected: this job's answer replaces it
-            await self.kube.replace_config_map(namespace, manifest)
+        await self.kube.create_config_map(namespace, manifest)
         result = {"configMap": config_map, "key": key, "status": upstream, "contentType": content_type}
         ok = upstream < 400
         return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)

@@ -235,10 +235,6 @@ class Kube:
     async def create_config_map(self, namespace: str, manifest: Body) -> None:
         await self._write("configmap", self.core.create_namespaced_config_map, namespace, manifest)
 
-    async def replace_config_map(self, namespace: str, manifest: Body) -> None:
-        name = manifest["metadata"]["name"]
-        await self._write("configmap", self.core.replace_namespaced_config_map, name, namespace, manifest)
-
     async def create_pod(self, manifest: Body) -> Body:
         pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)
         created: Body = self._plain(pod)

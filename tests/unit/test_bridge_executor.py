@@ -43,9 +43,6 @@ class FakeKube:
             raise Conflict("configmaps already exists")
         self.config_maps[f"{namespace}/{name}"] = manifest
 
-    async def replace_config_map(self, namespace: str, manifest: Body) -> None:
-        self.config_maps[f"{namespace}/{manifest['metadata']['name']}"] = manifest
-
     async def patch_job_status(self, namespace: str, name: str, patch: list[Body]) -> Body:
         self.status_attempts += 1
         if self.fail_status:
@@ -123,7 +120,7 @@ def test_a_large_answer_sent_in_many_chunks_is_stored_whole():
 
     done = outcome(kube.outcomes[0][1])
     assert done["phase"] == "Succeeded"
-    stored = kube.config_maps[f"{NS}/big-result"]["data"][RESULT_KEY]
+    stored = kube.config_maps[f"{NS}/big-result-uid-1"]["data"][RESULT_KEY]
     assert stored.encode() == answer
 
 
@@ -139,7 +136,7 @@ def test_a_binary_answer_is_stored_byte_for_byte_as_binary_data():
     done = outcome(kube.outcomes[0][1])
     assert done["phase"] == "Succeeded"
     assert done["result"]["key"] == BINARY_KEY and done["result"]["contentType"] == "audio/wav"
-    stored = kube.config_maps[f"{NS}/speech-result"]
+    stored = kube.config_maps[f"{NS}/speech-result-uid-1"]
     assert "data" not in stored
     assert base64.b64decode(stored["binaryData"][BINARY_KEY]) == audio
 
@@ -199,8 +196,9 @@ def test_a_job_created_again_under_the_same_name_runs_again():
 
     assert calls == 2
     assert [outcome(p)["phase"] for _, p in kube.outcomes] == ["Succeeded", "Succeeded"]
-    assert json.loads(kube.config_maps[f"{NS}/same-result"]["data"][RESULT_KEY]) == {"call": 2}
-    assert kube.config_maps[f"{NS}/same-result"]["metadata"]["ownerReferences"][0]["uid"] == "uid-2"
+    second = kube.config_maps[f"{NS}/same-result-uid-2"]  # the first job's stays until it is collected
+    assert json.loads(second["data"][RESULT_KEY]) == {"call": 2}
+    assert second["metadata"]["ownerReferences"][0]["uid"] == "uid-2"
 
 
 def test_a_late_running_event_of_a_finished_job_does_not_send_its_request_again():
