@@ -82,11 +82,18 @@ def mutate_job(
             f"priority {priority} capped to {granted.cap} for user {caller.username} (rule: {granted.cap_rule})"
         )
     if spec.get("member") is None:
-        out.spec["member"] = caller.username
+        out.spec["member"] = own_member(caller, admission)
     if spec.get("tier") is None:
         out.spec["tier"] = granted.tier
-    _check_identity({**spec, **out.spec}, caller, granted)
+    _check_identity({**spec, **out.spec}, caller, admission, granted)
     return out
+
+
+def own_member(caller: Caller, admission: AdmissionPolicy) -> str:
+    """The member a caller's jobs count against (the policy's ``defaultMember``)."""
+    if admission.default_member == "namespace" and caller.namespace:
+        return caller.namespace
+    return caller.username
 
 
 def _limit_run(spec: Mapping[str, Any], out: Mutation, admission: AdmissionPolicy, limits: RunLimits) -> None:
@@ -106,14 +113,14 @@ def _over_limit(run: int, limits: RunLimits) -> str:
     return f"maxRunSeconds {run} is above the GpuPolicy's runLimits.maxSeconds {limits.max_seconds}"
 
 
-def _check_identity(spec: Mapping[str, Any], caller: Caller, granted: Grant) -> None:
+def _check_identity(spec: Mapping[str, Any], caller: Caller, admission: AdmissionPolicy, granted: Grant) -> None:
     """Member and tier are the caller's own unless the caller is trusted. Checked by the mutating webhook
     and again by the validating one: a mutation that did not run (or another webhook's, after ours)
     must not let a job in as someone else or in a better tier."""
     if granted.trusted:
         return
     member, tier = spec.get("member"), spec.get("tier")
-    if member is not None and member != caller.username:
+    if member is not None and member != own_member(caller, admission):
         raise Refused(
             f"user {caller.username} may not submit as member {_text(member)!r}: only identities in the "
             "policy's admission.trusted may set spec.member"
@@ -167,7 +174,7 @@ def validate_job(
     ):
         raise Refused(_over_limit(run, limits))
     if old is None:
-        _check_identity(raw_spec, caller, granted)
+        _check_identity(raw_spec, caller, admission, granted)
     else:
         old_spec = _mapping(old.get("spec"))
         if spec.priority != old_spec.get("priority") and _priority(spec.priority) > granted.cap:

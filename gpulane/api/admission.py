@@ -37,6 +37,12 @@ class AdmissionPolicy(CamelModel):
     rules: list[Rule] = Field(default_factory=list)
     # May set spec.member and spec.tier themselves (the bridge's ServiceAccount, typically).
     trusted: Subjects = Field(default_factory=Subjects)
+    # Whose fair share a job counts against when it names no member: its creator ("user"), or its
+    # namespace ("namespace": a namespace admin's ServiceAccounts then share one share, not one each).
+    default_member: Literal["user", "namespace"] = "user"
+    # At most this many jobs of one namespace wait at once; more are failed on arrival (NamespaceQueueFull)
+    # by the operator. Unset: no limit.
+    max_pending_per_namespace: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _unique_names(self) -> AdmissionPolicy:

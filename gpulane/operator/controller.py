@@ -163,7 +163,7 @@ class Controller:
             self._cancel(view)
 
     def _admit(self, body: Body) -> None:
-        result = job_from_body(body, self.dispatcher.policy)
+        result = self.jobs.full(body, self.observed.pending_cap) or job_from_body(body, self.dispatcher.policy)
         if isinstance(result, Refusal):
             self._refuse(body, result)
             return

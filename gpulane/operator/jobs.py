@@ -17,6 +17,7 @@ from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION
 from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job
+from gpulane.operator.translate import Refusal
 
 
 class JobState(StrEnum):
@@ -110,6 +111,7 @@ class JobTable:
         self._jobs: dict[str, JobView] = {}
         self._parked: dict[str, set[str]] = {}  # model -> keys
         self._on_lane: dict[str, dict[str, JobView]] = {}  # lane -> key -> its assigned and running jobs
+        self._waiting: dict[str, set[str]] = {}  # namespace -> keys of its pending and parked jobs
 
     def get(self, key: str) -> JobView | None:
         return self._jobs.get(key)
@@ -145,18 +147,34 @@ class JobTable:
             for key in list(keys):
                 yield self._jobs[key]
 
+    def full(self, body: Body, cap: int | None) -> Refusal | None:
+        """A refusal if the new job's namespace already has ``cap`` jobs waiting (the policy's
+        ``admission.maxPendingPerNamespace``), else None."""
+        namespace = body["metadata"]["namespace"]
+        waiting = len(self._waiting.get(namespace, ()))
+        if cap is None or waiting < cap:
+            return None
+        why = f"namespace {namespace} already has {waiting} jobs waiting (admission.maxPendingPerNamespace is {cap})"
+        return Refusal("NamespaceQueueFull", why)
+
+    def _wait(self, view: JobView, waiting: bool) -> None:
+        keys = self._waiting.setdefault(view.namespace, set())
+        (keys.add if waiting else keys.discard)(view.key)
+
     # -- moves ----------------------------------------------------------------------------------
 
     def admit(self, view: JobView) -> None:
         """A new job in the core's queue."""
         self._jobs[view.key] = view
         view.state = JobState.PENDING
+        self._wait(view, True)
 
     def park(self, view: JobView) -> None:
         """A new or waiting job whose GpuModel does not exist (any more)."""
         self._jobs[view.key] = view
         view.state, view.written = JobState.PARKED, None
         self._parked.setdefault(view.model, set()).add(view.key)
+        self._wait(view, True)
 
     def unpark(self, model: str) -> list[JobView]:
         """The jobs that waited for ``model``, back to pending, in arrival order."""
@@ -170,12 +188,14 @@ class JobTable:
         view.state, view.lane, view.decision = JobState.ASSIGNED, decision.lane, decision
         view.dispatched_at, view.woke_at = decision.at, woke_at
         self._on_lane.setdefault(decision.lane, {})[view.key] = view
+        self._wait(view, False)
 
     def adopt(self, view: JobView, lane: str, running: bool) -> None:
         """A job found active on ``lane`` (after a restart)."""
         self._jobs[view.key] = view
         view.state, view.lane = (JobState.RUNNING if running else JobState.ASSIGNED), lane
         self._on_lane.setdefault(lane, {})[view.key] = view
+        self._wait(view, False)
 
     def start(self, view: JobView, at: float) -> None:
         view.state, view.api_phase, view.started_at = JobState.RUNNING, "Running", at
@@ -185,6 +205,7 @@ class JobTable:
         if not self.holds(view):
             return False
         del self._jobs[view.key]
+        self._wait(view, False)
         if view.state == JobState.PARKED:
             self._parked.get(view.model, set()).discard(view.key)
         if view.lane is not None:

@@ -21,3 +21,4 @@ class Observed:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires
     run_limits: RunLimits = field(default_factory=RunLimits)  # the GpuPolicy's, or the defaults without one
+    pending_cap: int | None = None  # the GpuPolicy's admission.maxPendingPerNamespace

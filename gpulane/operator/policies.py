@@ -33,7 +33,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
     meta = body["metadata"]
     if kind == "DELETED":
         host.use_policy(Policy())
-        host.observed.run_limits = RunLimits()
+        host.observed.run_limits, host.observed.pending_cap = RunLimits(), None
         host.policy_generation = None
         return
     generation = meta.get("generation")
@@ -49,6 +49,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
     else:
         host.use_policy(parsed.scoring())
         host.observed.run_limits = parsed.run_limits
+        host.observed.pending_cap = parsed.admission.max_pending_per_namespace
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
     host.policy_generation = generation
     conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)

@@ -279,6 +279,22 @@ def test_a_policy_whose_default_run_limit_is_above_its_ceiling_is_refused() -> N
         GpuPolicySpec.model_validate({"runLimits": {"defaultSeconds": 7200, "maxSeconds": 600}})
 
 
+def test_with_default_member_namespace_jobs_count_against_their_namespace() -> None:
+    """Issue 16, item 16: a namespace's ServiceAccounts share one fair share instead of one each."""
+    by_namespace = admission(defaultMember="namespace")
+    runner = Caller("system:serviceaccount:team-a:runner-7", namespace="team-a")
+    assert mutate_job({}, runner, by_namespace, POLICY).spec["member"] == "team-a"
+    assert "may not submit as member 'system:serviceaccount:team-a:runner-7'" in refusal(
+        validate_job, job(member=runner.username), None, runner, by_namespace, POLICY, True
+    )
+    validate_job(job(member="team-a"), None, runner, by_namespace, POLICY, True)
+
+
+def test_a_policy_refuses_a_pending_cap_below_one() -> None:
+    with pytest.raises(ValidationError, match="maxPendingPerNamespace"):
+        GpuPolicySpec.model_validate({"admission": {"maxPendingPerNamespace": 0}})
+
+
 def test_mutate_sets_member_to_the_username() -> None:
     caller = Caller(BRIDGE, namespace="gpulane")
     assert mutate_job({}, caller, admission(), POLICY).spec["member"] == BRIDGE

@@ -906,6 +906,37 @@ def test_executor_outcome_arriving_during_the_deadline_write_frees_the_lane():
 # -- 7. cancel --------------------------------------------------------------------------------------
 
 
+def test_a_namespace_over_its_pending_cap_gets_its_new_jobs_failed():
+    """Issue 16, item 16: one namespace cannot flood the queue; the cap counts waiting jobs only."""
+
+    async def scenario() -> None:
+        w = World()
+        policy = {
+            "metadata": {"name": "default", "generation": 3},
+            "spec": {"admission": {"maxPendingPerNamespace": 2}},
+        }
+        w.ctl.policy_event("ADDED", w.kube.put("gpupolicies", policy))
+        await w.warm("run")  # holds the lane: what follows waits
+        for name in ("w1", "w2", "w3"):
+            w.submit(name)
+        other = w.kube.put("gpujobs", job_body("theirs", ns="team-b"))
+        w.ctl.job_event("ADDED", other)
+        await w.settle()
+        status = w.kube.job("w3")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "NamespaceQueueFull")
+        assert "already has 2 jobs waiting" in status["message"]
+        assert w.ctl.dispatcher.pending_count == 3  # w1, w2 and team-b's job
+
+        w.ctl.job_event("MODIFIED", w.executor_finishes("run"))  # w1 is dispatched: one place frees up
+        await w.reconcile()
+        w.submit("w4")
+        await w.settle()
+        assert w.kube.job("w4").get("status", {}).get("phase") != "Failed"
+        assert f"{NS}/w4" in w.ctl.jobs
+
+    asyncio.run(scenario())
+
+
 def test_deleting_jobs_cancels_them():
     async def scenario() -> None:
         w = World()
