@@ -142,12 +142,23 @@ def _convert(node: Schema, defs: Schema, where: str, refs: tuple[str, ...], corr
                 out[PRESERVE] = True
             elif value is not False:  # False is pydantic's extra="forbid", which pruning already enforces
                 out[key] = _convert(value, defs, f"{where}.*", refs, correlatable)
+        elif key == "default":
+            out[key] = _without_nulls(value)  # an unset optional field inside a default object is left out
         elif key in _KEY_ORDER:
             out[key] = copy.deepcopy(value)  # copies, so that YAML never writes anchors for shared definitions
         else:
             raise CrdSchemaError(f"{where}: {key!r} has no structural-schema equivalent")
     _check_node(out, where, correlatable)
     return dict(sorted(out.items(), key=lambda item: _KEY_ORDER.index(item[0])))
+
+
+def _without_nulls(value: Any) -> Any:
+    """A copy of a default without its None entries: the schema would refuse null, and unset means absent."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return copy.deepcopy(value)
 
 
 def _check_node(node: Schema, where: str, correlatable: bool) -> None:

@@ -19,6 +19,7 @@ from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobAdopted, LaneUpdated, QueueServed
 from gpulane.kube.client import Gone, Kube, backoff, why
+from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import node_state
@@ -40,6 +41,7 @@ class Host(Protocol):
     jobs: JobTable
     observed: Observed
     lanes: dict[str, LaneRunner]
+    writes: JobWrites
     ready: bool
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
@@ -143,9 +145,17 @@ def replay(ctl: Host, world: World) -> None:
 
 
 def adopt(ctl: Host, body: Body) -> None:
-    """A job found Dispatching or Running: it holds its lane's capacity again."""
-    result = job_from_body(body, None)  # no policy check: it runs already, whatever the policy now says
+    """A job found Dispatching or Running at the rebuild: it holds its lane's capacity again. Once the
+    operator runs, only its own dispatches are active: an unknown job that claims to be (someone with
+    the right to patch gpujobs/status wrote it, on a finished job, say) takes no lane and is failed."""
     status = body.get("status") or {}
+    if ctl.ready:
+        lane = str(status.get("lane"))[:63]
+        why = f"its status claimed phase {status.get('phase')} on lane {lane}, but the operator never dispatched it"
+        log.warning("not adopting %s: %s", job_key(body), why)
+        ctl.spawn(ctl.writes.refuse(body, Refusal("NotDispatched", why)))
+        return
+    result = job_from_body(body, None)  # no policy check: it runs already, whatever the policy now says
     if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
         log.error("cannot adopt %s: %s", job_key(body), result.message)
         return

@@ -937,6 +937,29 @@ def test_a_namespace_over_its_pending_cap_gets_its_new_jobs_failed():
     asyncio.run(scenario())
 
 
+def test_a_finished_job_whose_status_is_forged_running_takes_no_lane():
+    """Issue 16, item 6 (its adoption part): patching a Succeeded job back to Running on a lane must not
+    make the operator adopt it and swap the lane to its model (reproduced with the README's tour)."""
+
+    async def scenario() -> None:
+        w = World()
+        await rebuild(w.ctl)  # an operator that has started: from now on it knows every job it dispatched
+        w.model("other")
+        await w.warm("run")
+        done = job_body("bobs-image", "other", created=T0 - 100)
+        done["status"] = {"phase": "Succeeded", "finishedAt": format_time(T0 - 10)}
+        w.ctl.job_event("ADDED", w.kube.put("gpujobs", done))
+        forged = w.kube.update(f"gpujobs/{NS}/bobs-image", {"status": {"phase": "Running", "lane": "gpu-0"}})
+        w.ctl.job_event("MODIFIED", forged)
+        await w.settle()
+        assert running_on(w.ctl, "gpu-0") == {f"{NS}/run"}
+        assert f"{NS}/bobs-image" not in w.ctl.jobs and set(w.ctl.dispatcher.running) == {f"{NS}/run"}
+        status = w.kube.job("bobs-image")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "NotDispatched")
+
+    asyncio.run(scenario())
+
+
 def test_deleting_jobs_cancels_them():
     async def scenario() -> None:
         w = World()
