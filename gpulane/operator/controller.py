@@ -186,7 +186,7 @@ class Controller:
         self._refuse(body, Refusal("PolicyRejected", reason))
 
     def _executor_finished(self, view: JobView, status: Body) -> None:
-        finished = parse_time(status.get("finishedAt")) or self.clock()
+        finished = min(parse_time(status.get("finishedAt")) or self.clock(), self.clock())  # never in the future
         self.release(view, None if view.started_at is None else max(0.0, finished - view.started_at))
 
     def _cancel(self, view: JobView) -> None:

@@ -517,6 +517,27 @@ def test_cold_lane_creates_the_pod_then_runs_the_job_when_ready():
     asyncio.run(scenario())
 
 
+def test_a_finished_at_in_the_future_does_not_poison_the_learned_run_time():
+    """Issue 16, item 6 (its clock part): an executor writing finishedAt 9999-12-31 is timed by the
+    operator's own clock instead."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1")
+        before = w.ctl.dispatcher.models.get("m").run_seconds
+        w.clock.now += 30
+        body = w.kube.update(
+            f"gpujobs/{NS}/j1", {"status": {"phase": "Succeeded", "finishedAt": "9999-12-31T00:00:00Z"}}
+        )
+        w.ctl.job_event("MODIFIED", body)
+        after = w.ctl.dispatcher.models.get("m").run_seconds
+        assert min(before, 30) <= after <= max(before, 30)  # blended toward the 30 s it really ran
+        await w.ctl.status.flush()
+        assert w.kube.get("gpumodels/m")["status"]["runSeconds"] == round(after, 3)
+
+    asyncio.run(scenario())
+
+
 def test_learned_load_seconds_written_are_the_cores_estimate():
     async def scenario() -> None:
         w = World()
