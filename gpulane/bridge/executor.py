@@ -17,7 +17,6 @@ import logging
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
-from tenacity import RetryCallState
 
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
@@ -146,7 +145,7 @@ class ManifestExecutor:
     async def _write_outcome(self, namespace: str, name: str, patch: list[Body]) -> None:
         """Written until it lands: a 429, a 500 or a timeout is retried. A Conflict (the job is no longer
         Running: the operator's deadline, or a cancel, ended it first) or Gone means someone else ended it."""
-        async for attempt in backoff(_unwritten, initial=0.2, max_backoff=10.0):
+        async for attempt in backoff(log, "writing an executor outcome failed", initial=0.2, max_backoff=10.0):
             with attempt:
                 try:
                     await self.kube.patch_job_status(namespace, name, patch)
@@ -162,8 +161,3 @@ def answer_entry(answer: bytes) -> tuple[str, Body]:
         return RESULT_KEY, {"data": {RESULT_KEY: answer.decode("utf-8")}}
     except UnicodeDecodeError:
         return BINARY_KEY, {"binaryData": {BINARY_KEY: base64.b64encode(answer).decode("ascii")}}
-
-
-def _unwritten(state: RetryCallState) -> None:
-    err = state.outcome.exception() if state.outcome else None
-    log.warning("writing an executor outcome failed (%s); retrying in %.1fs", why(err), state.upcoming_sleep)

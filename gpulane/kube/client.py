@@ -9,6 +9,7 @@ asyncio flavour (``kubernetes.aio``) on the caller's event loop: no threads.
 from __future__ import annotations
 
 import collections
+import logging
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
@@ -39,9 +40,22 @@ class Conflict(Exception):
 REQUEST_TIMEOUT = 10.0
 
 
-def backoff(before_sleep: Callable[[RetryCallState], None], *, initial: float, max_backoff: float) -> AsyncRetrying:
-    """Retries of a read that must succeed sooner or later (a list at start, a watch's list): any error,
-    forever, waiting exponentially longer with jitter so that a down apiserver is not hammered."""
+def backoff(
+    log: logging.Logger,
+    failed: str,
+    *,
+    initial: float,
+    max_backoff: float,
+    reason: Callable[[BaseException | None], str] | None = None,
+) -> AsyncRetrying:
+    """Retries of a call that must succeed sooner or later (a list at start, a watch's list, an outcome):
+    any error, forever, waiting exponentially longer with jitter so that a down apiserver is not hammered.
+    Each retry is logged as ``<failed> (<reason>); retrying in <s>s``; ``reason`` defaults to ``why``."""
+
+    def before_sleep(state: RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome else None
+        log.warning("%s (%s); retrying in %.1fs", failed, (reason or why)(err), state.upcoming_sleep)
+
     return AsyncRetrying(
         wait=wait_exponential_jitter(multiplier=initial, max=max_backoff, jitter=initial),
         retry=retry_if_exception_type(Exception),

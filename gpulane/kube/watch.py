@@ -10,22 +10,16 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes.aio import watch
-from tenacity import RetryCallState
 
 from gpulane.api.contract import Body
 from gpulane.api.resources import GROUP, VERSION
-from gpulane.kube.client import Kube, backoff, why
+from gpulane.kube.client import Kube, backoff
 
 log = logging.getLogger(__name__)
 
 # The apiserver ends each watch after this long; the client gives up on a silent one a little later.
 WATCH_SECONDS = 60
 Deliver = Callable[[str, Body], None]
-
-
-def _failed(state: RetryCallState) -> None:
-    err = state.outcome.exception() if state.outcome else None
-    log.warning("listing GpuJobs failed (%s); retrying in %.1fs", why(err), state.upcoming_sleep)
 
 
 async def watch_jobs(
@@ -39,7 +33,7 @@ async def watch_jobs(
 ) -> None:
     """Call ``deliver(event type, object)`` for every GpuJob (all namespaces when ``namespace`` is None)
     and every change to one, until cancelled. Each list is delivered as ADDED events."""
-    retrying = backoff(_failed, initial=0.5, max_backoff=max_backoff)
+    retrying = backoff(log, "listing GpuJobs failed", initial=0.5, max_backoff=max_backoff)
     while True:  # a fresh streak of retries after each list that worked
         async for attempt in retrying.copy():
             with attempt:

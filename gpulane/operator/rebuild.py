@@ -12,8 +12,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tenacity import RetryCallState
-
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
@@ -84,19 +82,18 @@ async def read_world(kube: Kube) -> World:
     )
 
 
-def _unread(state: RetryCallState) -> None:
-    err = state.outcome.exception() if state.outcome else None
-    reason = why(err)
+def _unread(err: BaseException | None) -> str:
     if isinstance(err, Gone):  # a 404 on a list: the kind itself is not served
-        reason = "gpulane's CRDs are not installed (`kubectl apply -f crds/`, or the chart)"
-    log.warning("cannot read the cluster's state (%s); not ready, retrying in %.1fs", reason, state.upcoming_sleep)
+        return "gpulane's CRDs are not installed (`kubectl apply -f crds/`, or the chart)"
+    return why(err)
 
 
 async def rebuild(ctl: Host, *, max_backoff: float = 30.0) -> None:
     """Read the cluster's state until a read succeeds, then replay it. Until then /readyz says not ready:
     an apiserver that is starting (429 "storage is (re)initializing" right after a CRD is created), down,
     or missing the CRDs delays the start; it does not fail it."""
-    async for attempt in backoff(_unread, initial=0.2, max_backoff=max_backoff):
+    unread = "not ready: cannot read the cluster's state"
+    async for attempt in backoff(log, unread, initial=0.2, max_backoff=max_backoff, reason=_unread):
         with attempt:
             world = await read_world(ctl.kube)
     replay(ctl, world)

@@ -1,12 +1,25 @@
-"""Small builders shared by the unit tests of the core."""
+"""Small builders shared by the unit tests of the core, and the one way they wait for something."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
 
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import JobSubmitted, LaneUpdated
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.policy import Policy
 from gpulane.core.ranking import make_ranking
+
+
+async def until(check: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """Yield to the event loop until ``check()`` is true (the write or state that proves the event), or
+    fail after ``timeout`` seconds naming ``what`` was awaited."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
 
 
 class Clock:

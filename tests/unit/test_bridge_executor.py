@@ -8,7 +8,6 @@ import base64
 import contextlib
 import functools
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +18,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from gpulane.api.contract import EXECUTOR_LEASE
 from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY, ManifestExecutor
 from gpulane.kube.client import Conflict
+
+from .helpers import until
 
 Body = dict[str, Any]
 NS = "team-a"
@@ -63,13 +64,6 @@ def running_job(name: str, uid: str, endpoint: str, path: str = "/v1/answer") ->
 def outcome(patch: list[Body]) -> dict[str, Any]:
     """The JSON patch's added fields as a dict: phase, reason, message, result."""
     return {op["path"].removeprefix("/status/"): op["value"] for op in patch if op["op"] != "test"}
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from gpulane.bridge.calls import CallError, read_call
 from gpulane.bridge.keys import Denied, KeyRing, KeysError, KeysFile
+
+from .helpers import until
 
 APP = {"name": "app", "key": "sk-app-000000", "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True,
        "tiers": ["free", "pro"]}  # fmt: skip
@@ -95,12 +96,6 @@ def test_a_changed_keys_file_replaces_the_keys_and_a_broken_one_keeps_them(tmp_p
         except Denied:
             return False
         return True
-
-    async def until(check, what: str) -> None:
-        deadline = time.monotonic() + 5
-        while not check():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            await asyncio.sleep(0.005)
 
     async def scenario() -> None:
         follower = asyncio.create_task(keys.follow(path, interval=0.01))

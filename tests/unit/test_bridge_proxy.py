@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import ClientSession, web
@@ -13,6 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
+
+from .helpers import until
 
 KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -57,13 +58,6 @@ async def proxied(handler: Handler, queue: RunningQueue) -> AsyncIterator[TestCl
             yield http
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
-
-
 def test_a_backend_that_disconnects_mid_answer_fails_the_job_at_once():
     async def dropped(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": "5000"})
@@ -90,13 +84,14 @@ def test_a_backend_that_disconnects_mid_answer_fails_the_job_at_once():
 def test_an_event_stream_whose_done_is_split_over_two_chunks_counts_as_answered():
     """The client hangs up on ``[DONE]`` while the backend still holds the connection: the job succeeded."""
     held = asyncio.Event()
+    half_seen = asyncio.Event()  # the client has `data: [DO`: the bridge forwarded it as a chunk of its own
 
     async def split(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n')
         await resp.write(b"data: [DO")
-        await asyncio.sleep(0.05)  # two chunks for the bridge's reader
+        await half_seen.wait()  # so the rest reaches the bridge's reader as a second chunk
         await resp.write(b"NE]\n\n")
         await held.wait()  # a backend that is slow to close
         return resp
@@ -111,6 +106,8 @@ def test_an_event_stream_whose_done_is_split_over_two_chunks_counts_as_answered(
                         seen = b""
                         async for chunk in resp.content.iter_any():
                             seen += chunk
+                            if seen.endswith(b"data: [DO"):
+                                half_seen.set()
                             if seen.endswith(b"data: [DONE]\n\n"):
                                 break  # and hang up
                 await until(lambda: bool(queue.finished or queue.cancelled), "the job's end")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import pytest
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.kube import watch
+
+from .helpers import until
 
 Body = dict[str, Any]
 
@@ -32,13 +33,6 @@ class FlakyKube:
         if self.lists <= self.failures:
             raise ApiException(status=500, reason="Internal Server Error")
         return {"items": [{"metadata": {"name": "j1", "resourceVersion": "1"}}], "metadata": {"resourceVersion": "1"}}
-
-
-async def until(check: Any, what: str, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.001)
 
 
 def test_failed_lists_back_off_and_readiness_follows_the_watch(

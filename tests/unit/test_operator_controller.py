@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-import time
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -34,6 +33,8 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
+
+from .helpers import until
 
 Body = dict[str, Any]
 
@@ -1449,10 +1450,8 @@ def test_queue_positions_wait_for_a_warm_dispatch_in_flight():
 
         w.ctl.status.dispatch_in_flight = counted  # type: ignore[method-assign]
         flush = asyncio.create_task(w.ctl.status.flush())
-        deadline = time.monotonic() + 5
-        while asked < 2:  # the writer looked, and looked again: it is waiting, not done
-            assert time.monotonic() < deadline, "the status writer never asked whether a dispatch is in flight"
-            await asyncio.sleep(0.001)
+        # The writer looked, and looked again: it is waiting, not done.
+        await until(lambda: asked >= 2, "the status writer to ask twice whether a dispatch is in flight", 5)
         assert statuses(w.kube, since) == [], "no position was written while `a` waits for its Running write"
         await w.reconcile()
         await flush
