@@ -8,6 +8,8 @@ docs/admission.md).
 from __future__ import annotations
 
 import base64
+import json
+from collections.abc import Sequence
 from typing import Any
 
 from gpulane.api.resources import GROUP, VERSION
@@ -17,6 +19,7 @@ NAME = "gpulane"
 MUTATE_JOB = "gpujob-defaults"
 VALIDATE_JOB = "gpujob-validate"
 VALIDATE_POLICY = "gpupolicy-validate"
+VALIDATE_STATUS = "gpujob-status-validate"
 
 
 def _client_config(
@@ -71,6 +74,19 @@ def _webhook(
 SPEC_CHANGED = {"name": "spec-changed", "expression": "request.operation != 'UPDATE' || object.spec != oldObject.spec"}
 
 
+# Status writes that change the status; ``operators`` are left out by ``_not_by``: the operator's own
+# writes never wait on the webhook (it keeps dispatching and ending jobs while the webhook is down).
+STATUS_CHANGED = {
+    "name": "status-changed",
+    "expression": "!has(object.status) || !has(oldObject.status) || object.status != oldObject.status",
+}
+
+
+def _not_by(operators: Sequence[str]) -> dict[str, str]:
+    names = ", ".join(json.dumps(user) for user in operators)
+    return {"name": "not-the-operator", "expression": f"!(request.userInfo.username in [{names}])"}
+
+
 def webhook_configurations(
     *,
     url: str | None = None,
@@ -78,9 +94,12 @@ def webhook_configurations(
     ca_pem: bytes | None = None,
     namespace_selector: dict[str, str] | None = None,
     name: str = NAME,
+    operators: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """A MutatingWebhookConfiguration and a ValidatingWebhookConfiguration calling the webhook at ``url``
-    (``https://host:port``) or behind ``service`` (namespace, name, port), trusting ``ca_pem``."""
+    (``https://host:port``) or behind ``service`` (namespace, name, port), trusting ``ca_pem``. With the
+    ``operators``' usernames, status writes by anyone else are checked too (only an executor's outcome
+    passes); without them the webhook could not tell the operator's writes apart, and leaves status alone."""
 
     def cc(path: str) -> dict[str, Any]:
         return _client_config(path, url=url, service=service, ca_pem=ca_pem)
@@ -94,13 +113,17 @@ def webhook_configurations(
     validate_job = _webhook(VALIDATE_JOB, "gpujobs", ["CREATE", "UPDATE"], "Namespaced", cc(VALIDATE_JOB),
                             namespace_selector)  # fmt: skip
     validate_job["matchConditions"] = [SPEC_CHANGED]
+    hooks = [validate_job]
+    if operators:
+        validate_status = _webhook(VALIDATE_STATUS, "gpujobs/status", ["UPDATE"], "Namespaced", cc(VALIDATE_STATUS),
+                                   namespace_selector)  # fmt: skip
+        validate_status["matchConditions"] = [STATUS_CHANGED, _not_by(operators)]
+        hooks.append(validate_status)
+    hooks.append(_webhook(VALIDATE_POLICY, "gpupolicies", ["CREATE", "UPDATE"], "Cluster", cc(VALIDATE_POLICY), None))
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [
-            validate_job,
-            _webhook(VALIDATE_POLICY, "gpupolicies", ["CREATE", "UPDATE"], "Cluster", cc(VALIDATE_POLICY), None),
-        ],
+        "webhooks": hooks,
     }
     return [mutating, validating]

@@ -23,6 +23,15 @@ def add_serving_arguments(parser: argparse.ArgumentParser, *, prefix: str = "") 
     parser.add_argument(f"--{prefix}port", type=int, default=9443, help="HTTPS port of the webhook")
     parser.add_argument("--cert-file", help="serving certificate (PEM); reloaded when it changes")
     parser.add_argument("--key-file", help="its private key (PEM)")
+    add_operator_argument(parser)
+
+
+def add_operator_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--operator-user", action="append", default=[], metavar="USERNAME", dest="operator_users",
+        help="the operator's username (system:serviceaccount:NS:NAME; repeatable): only it may write a "
+        "GpuJob's status beyond an executor's outcome",
+    )  # fmt: skip
 
 
 def serving_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any]:
@@ -36,6 +45,7 @@ def serving_options(args: argparse.Namespace, prefix: str = "") -> dict[str, Any
         "port": getattr(args, f"{prefix}port"),
         "certfile": args.cert_file,
         "keyfile": args.key_file,
+        "operators": list(args.operator_users),
     }
 
 
@@ -72,6 +82,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         "--namespace-selector", default="", help="only GpuJobs in namespaces with these labels (k=v,...)"
     )
     parser.add_argument("--name", default="gpulane", help="name of both configurations")
+    add_operator_argument(parser)
 
 
 def run_config(args: argparse.Namespace) -> int:
@@ -90,6 +101,7 @@ def run_config(args: argparse.Namespace) -> int:
             return 2
         selector[key] = value
     ca = Path(args.ca_file).read_bytes() if args.ca_file else None
-    docs = webhook_configurations(url=args.url, service=service, ca_pem=ca, namespace_selector=selector, name=args.name)
+    docs = webhook_configurations(url=args.url, service=service, ca_pem=ca, namespace_selector=selector,
+                                  name=args.name, operators=args.operator_users)  # fmt: skip
     yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
     return 0

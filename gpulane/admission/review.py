@@ -23,6 +23,9 @@ from gpulane.core.validation import describe
 
 # Fields that decide a job's place in the queue: fixed once the job has been dispatched.
 QUEUE_FIELDS = ("model", "priority", "tier", "member")
+# What an executor's outcome may write on a Running job's status; every other field is the operator's.
+OUTCOME_FIELDS = frozenset({"phase", "finishedAt", "reason", "message", "result"})
+OUTCOME_PHASES = ("Succeeded", "Failed")
 # What an OpenAI call in spec.request must carry, per path.
 REQUEST_FIELDS = {
     "/v1/chat/completions": "messages",
@@ -211,6 +214,36 @@ def _check_update(
     personal = [f for f in changed if f in ("tier", "member")]
     if personal and not trusted:
         raise Refused(f"user {caller.username} may not change spec.{personal[0]}: only trusted identities may")
+
+
+def validate_status(new: Mapping[str, Any], old: Mapping[str, Any], caller: Caller, operators: frozenset[str]) -> None:
+    """A status write by anyone but the operator must be an executor's outcome (docs/job-lifecycle.md):
+    a Running job turned Succeeded or Failed, touching only the outcome's fields. Lane, pod, endpoint and
+    the dispatch are the operator's: a forged ``endpoint`` would send the executor's call anywhere."""
+    if caller.username in operators:
+        return
+    before, after = _mapping(old.get("status")), _mapping(new.get("status"))
+    if before == after:
+        return
+    phase = before.get("phase")
+    if phase != "Running":
+        raise Refused(
+            f"user {caller.username} may not write the status of a {_text(phase or 'new')} job: "
+            "only the operator does; an executor may only end a Running job"
+        )
+    if after.get("phase") not in OUTCOME_PHASES:
+        raise Refused(
+            f"user {caller.username} may not set status.phase {_text(after.get('phase'))!r}: an executor "
+            f"ends a Running job with {' or '.join(OUTCOME_PHASES)}"
+        )
+    keys = before.keys() | after.keys()
+    changed = sorted(k for k in keys if k not in OUTCOME_FIELDS and before.get(k) != after.get(k))
+    if changed:
+        fields = ", ".join(f"status.{k}" for k in changed)
+        raise Refused(
+            f"user {caller.username} may not change {fields}: only the operator does; an executor writes "
+            f"{', '.join(sorted(OUTCOME_FIELDS))}"
+        )
 
 
 def validate_policy(spec: Mapping[str, Any]) -> GpuPolicySpec:

@@ -18,14 +18,14 @@ from kopf._cogs.structs import bodies, ephemera
 from kopf._core.reactor import inventory
 from kubernetes.aio.client import ApiClient
 
-from gpulane.admission.configuration import MUTATE_JOB, VALIDATE_JOB, VALIDATE_POLICY
-from gpulane.admission.review import Refused, mutate_job, validate_job, validate_policy
+from gpulane.admission.configuration import MUTATE_JOB, VALIDATE_JOB, VALIDATE_POLICY, VALIDATE_STATUS
+from gpulane.admission.review import Refused, mutate_job, validate_job, validate_policy, validate_status
 from gpulane.admission.rules import Caller
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
-from gpulane.kube.client import Gone, Kube
+from gpulane.kube.client import Gone, Kube, backoff
 from gpulane.kube.login import credentials
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ class AdmissionMemories(inventory.ResourceMemories):
 class AdmissionState:
     """The webhook's view of the cluster: the policy in effect and the models that exist."""
 
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, operators: frozenset[str] = frozenset()) -> None:
         self.kube = kube
+        self.operators = operators  # usernames whose status writes are the operator's
         self.policy = Policy()
         self.admission = AdmissionPolicy()
         self.run_limits = RunLimits()
@@ -73,9 +74,13 @@ class AdmissionState:
         self.policy, self.admission, self.run_limits = parsed.scoring(), parsed.admission, parsed.run_limits
 
     async def load(self) -> None:
-        with contextlib.suppress(Gone):
-            self.use_policy((await self.kube.get_cluster("gpupolicies", "default")).get("spec"))
-        self.models = {m["metadata"]["name"] for m in await self.kube.list_cluster("gpumodels")}
+        """As the operator's rebuild: a fresh install's 429 (new CRDs' storage initializing) or a timeout is
+        waited out here, not left to kopf, which retries a failed startup only a minute later."""
+        async for attempt in backoff(log, "loading the policy and models failed", initial=0.2, max_backoff=10.0):
+            with attempt:
+                with contextlib.suppress(Gone):
+                    self.use_policy((await self.kube.get_cluster("gpupolicies", "default")).get("spec"))
+                self.models = {m["metadata"]["name"] for m in await self.kube.list_cluster("gpumodels")}
 
     async def model_known(self, name: str) -> bool:
         """From the cache, or the API for a model created a moment ago (in the same `kubectl apply`)."""
@@ -108,7 +113,8 @@ async def start_webhook(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: A
     configure(
         settings, host=serving["host"], port=serving["port"], certfile=serving["certfile"], keyfile=serving["keyfile"]
     )
-    memo.admission = AdmissionState(Kube(ApiClient(await credentials(memo)), namespace="default"))
+    kube = Kube(ApiClient(await credentials(memo)), namespace="default")
+    memo.admission = AdmissionState(kube, frozenset(serving.get("operators") or ()))
     await memo.admission.load()
 
 
@@ -161,6 +167,15 @@ async def validate_gpujob(body: kopf.Body, userinfo: kopf.UserInfo, memo: Any, *
         previous = None if old is None else dict(old)
         caller = _caller(userinfo, body)
         validate_job(new, previous, caller, state.admission, state.policy, known, state.run_limits)
+    except Refused as err:
+        raise kopf.AdmissionError(str(err), code=403) from None
+
+
+@kopf.on.validate(GROUP, VERSION, "gpujobs", subresource="status", id=VALIDATE_STATUS, operations=["UPDATE"])
+async def validate_gpujob_status(body: kopf.Body, userinfo: kopf.UserInfo, memo: Any, **kwargs: Any) -> None:
+    old: kopf.Body | None = kwargs.get("old")
+    try:
+        validate_status(dict(body), {} if old is None else dict(old), _caller(userinfo, body), _state(memo).operators)
     except Refused as err:
         raise kopf.AdmissionError(str(err), code=403) from None
 

@@ -274,6 +274,15 @@ class Kind(CamelModel):
     spec_required: bool = True
 
 
+def _written_once(field: str) -> dict[str, str]:
+    """A status field that, once set, keeps its value: a dispatch happens once, to one lane and pod."""
+    return {
+        "rule": f"!has(oldSelf.status) || !has(oldSelf.status.{field}) || "
+        f"(has(self.status) && has(self.status.{field}) && self.status.{field} == oldSelf.status.{field})",
+        "message": f"status.{field} is written once",
+    }
+
+
 def _col(name: str, kind: str, path: str, priority: int = 0) -> PrinterColumn:
     return PrinterColumn.model_validate({"name": name, "type": kind, "jsonPath": path, "priority": priority})
 
@@ -290,6 +299,14 @@ KINDS: tuple[Kind, ...] = (
             # The field rule only sees changes of a set value; this one also refuses adding or removing it.
             {"rule": "has(self.spec.member) == has(oldSelf.spec.member)", "message": "spec.member is immutable"},
             {"rule": "has(self.spec.tier) == has(oldSelf.spec.tier)", "message": "spec.tier is immutable"},
+            # An ended job stays ended, whoever writes: a finished job turned Running would take a lane.
+            {
+                "rule": "!has(oldSelf.status) || !has(oldSelf.status.phase) || "
+                "!(oldSelf.status.phase in ['Succeeded', 'Failed', 'Cancelled']) || "
+                "(has(self.status) && has(self.status.phase) && self.status.phase == oldSelf.status.phase)",
+                "message": "status.phase is final once Succeeded, Failed or Cancelled",
+            },
+            *(_written_once(field) for field in ("lane", "endpoint", "dispatchedAt")),
         ],
         columns=[
             _col("Phase", "string", ".status.phase"),

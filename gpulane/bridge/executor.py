@@ -1,5 +1,9 @@
 """The executor of GpuJobs applied with kubectl that carry ``spec.request``: gpulane sends the call itself.
 
+It serves only the namespaces it is given (``--execute-namespace``), one watch each: the rights it needs
+there (patch GpuJobs and their status, create ConfigMaps) are granted namespace by namespace, never
+cluster-wide.
+
 A bridge replica claims a waiting job by writing its executor Lease into the job's annotation, with a
 resourceVersion precondition: exactly one replica wins, and the operator fails the job with
 ``DataPlaneLost`` if that replica dies. When the job runs, the claimant sends the request to the job's
@@ -14,10 +18,12 @@ import base64
 import contextlib
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
 
+from gpulane.api.backend_pods import http_port, pod_name, pod_state
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.jobs import outcome_patch
@@ -40,9 +46,13 @@ class ManifestExecutor:
         kube: Kube,
         lease: str,
         endpoints: dict[str, str],
+        namespaces: Sequence[str],
+        backend_namespace: str | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.kube = kube
+        self.backend_namespace = backend_namespace or kube.namespace  # where the operator's backend pods are
+        self.namespaces = tuple(dict.fromkeys(namespaces))
         self.lease = lease  # our executor Lease, in the bridge's namespace
         self.session: ClientSession | None = None
         self.endpoints = endpoints
@@ -57,7 +67,8 @@ class ManifestExecutor:
             if kind != "DELETED" and (obj.get("spec") or {}).get("request"):
                 self._seen(obj)
 
-        self._spawn(watch_jobs(self.kube, None, None, deliver))
+        for namespace in self.namespaces:
+            self._spawn(watch_jobs(self.kube, namespace, None, deliver))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -116,9 +127,11 @@ class ManifestExecutor:
         meta, spec, status = obj["metadata"], obj["spec"], obj.get("status") or {}
         namespace, name = meta["namespace"], meta["name"]
         request = spec["request"]
-        base = self.endpoints.get(spec["model"]) or status.get("endpoint")
-        if not base or self.session is None:
-            return outcome_patch(False, "the job runs without an endpoint")
+        try:
+            base = self.endpoints.get(spec["model"]) or await self._backend(spec["model"], status.get("lane"))
+        except NoBackend as err:
+            return outcome_patch(False, f"the request was not sent: {err}")
+        assert self.session is not None, "start() opens the session"
         async with self.session.post(base.rstrip("/") + request["path"], json=request.get("body") or {}) as resp:
             answer = bytearray()
             async for chunk in resp.content.iter_chunked(64 * 1024):
@@ -142,6 +155,25 @@ class ManifestExecutor:
         ok = upstream < 400
         return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
 
+    async def _backend(self, model: str, lane: object) -> str:
+        """The job's backend, found through its lane's pod: the one pod the operator runs for the lane, Ready
+        and serving the job's model. Never ``status.endpoint``: whoever may write a job's status could point
+        it anywhere, and the answer would land in the job's ConfigMap."""
+        if not isinstance(lane, str) or not lane:
+            raise NoBackend("the job runs on no lane")
+        where = f"{self.backend_namespace}/{pod_name(lane)}"
+        try:
+            body = await self.kube.get_pod(pod_name(lane), self.backend_namespace)
+        except Gone:
+            raise NoBackend(f"lane {lane} has no backend pod {where}") from None
+        pod, port = pod_state(body), http_port(body)
+        if pod is None or pod.lane != lane or pod.model != model:
+            raise NoBackend(f"pod {where} does not serve model {model} on lane {lane}")
+        endpoint = pod.endpoint(port) if pod.ready and port is not None else None
+        if endpoint is None:
+            raise NoBackend(f"pod {where} is not Ready")
+        return endpoint
+
     async def _write_outcome(self, namespace: str, name: str, patch: list[Body]) -> None:
         """Written until it lands: a 429, a 500 or a timeout is retried. A Conflict (the job is no longer
         Running: the operator's deadline, or a cancel, ended it first) or Gone means someone else ended it."""
@@ -152,6 +184,10 @@ class ManifestExecutor:
                 except (Conflict, Gone):
                     return
         log.info("executed %s/%s: %s", namespace, name, json.dumps(patch[1]["value"]))
+
+
+class NoBackend(Exception):
+    """A Running job whose lane has no Ready pod of its model: its call is not sent anywhere."""
 
 
 def answer_entry(answer: bytes) -> tuple[str, Body]:

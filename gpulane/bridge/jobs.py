@@ -23,7 +23,7 @@ from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLI
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.api.times import format_time
 from gpulane.bridge.calls import CallError
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone, Kube, backoff
 from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,12 @@ class KubeJobQueue:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.kube.apply_lease(self.lease, self.replica, self.lease_seconds, time.time())
-        await self._cancel_orphans()
+        # A 429 while the apiserver's storage of new CRDs initializes (a fresh install), a timeout: the
+        # bridge waits them out instead of crashing at its first call.
+        async for attempt in backoff(log, "starting the bridge's job queue failed", initial=0.2, max_backoff=10.0):
+            with attempt:
+                await self.kube.apply_lease(self.lease, self.replica, self.lease_seconds, time.time())
+                await self._cancel_orphans()
         selector = f"{REPLICA_LABEL}={self.replica}"
         watching = watch_jobs(self.kube, self.namespace, selector, self._seen, self._in_step)
         self._tasks += [asyncio.create_task(watching), asyncio.create_task(self._renew())]

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often the keys file is re-read; a changed one replaces the keys in use")  # fmt: skip
     parser.add_argument("--endpoint", action="append", type=_endpoint, default=[], metavar="MODEL=URL",
                         help="send MODEL's calls to URL instead of the pod's endpoint (repeatable)")  # fmt: skip
+    parser.add_argument("--backend-namespace", default=None,
+                        help="namespace of the operator's backend pods, where executed jobs' backends are "
+                        "found (default: --namespace)")  # fmt: skip
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8090)
@@ -45,8 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queued", type=int, default=defaults.max_queued)
     parser.add_argument("--max-queued-per-member", type=int, default=defaults.max_queued_per_member)
     parser.add_argument("--max-run-seconds", type=int, default=defaults.max_run_seconds)
-    parser.add_argument("--no-execute-manifests", dest="execute_manifests", action="store_false",
-                        help="do not run GpuJobs that carry spec.request (another replica or tool does)")  # fmt: skip
+    parser.add_argument("--execute-namespace", action="append", default=[], metavar="NAMESPACE",
+                        dest="execute_namespaces",
+                        help="run the GpuJobs applied with kubectl in NAMESPACE that carry spec.request "
+                        "(repeatable; none: only the bridge's own calls run)")  # fmt: skip
     parser.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -75,9 +80,8 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     await queue.start()
     bridge = Bridge(queue, keys, settings)
     reloads = asyncio.create_task(keys.follow(args.keys_file, args.keys_reload_seconds))
-    executor = ManifestExecutor(kube, queue.lease, settings.endpoints)
-    if args.execute_manifests:
-        executor.start()
+    executor = ManifestExecutor(kube, queue.lease, settings.endpoints, args.execute_namespaces, args.backend_namespace)
+    executor.start()
     # Handlers are cancelled when their client disconnects: that is how a queued or running call
     # learns to give its GPU back.
     runner = web.AppRunner(bridge.app(), handler_cancellation=True, access_log=None)

@@ -168,8 +168,8 @@ class Kube:
         result = await self._call(self.coordination.list_lease_for_all_namespaces, label_selector=selector)
         return [self._plain(lease) for lease in result.items]
 
-    async def get_pod(self, name: str) -> Body:
-        pod = await self._call(self.core.read_namespaced_pod, name, self.namespace)
+    async def get_pod(self, name: str, namespace: str | None = None) -> Body:
+        pod = await self._call(self.core.read_namespaced_pod, name, namespace or self.namespace)
         body: Body = self._plain(pod)
         return body
 

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.contract import Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
@@ -15,7 +16,6 @@ from gpulane.kube.client import Kube
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import lane_node_problem, node_state
 from gpulane.operator.observed import Observed
-from gpulane.operator.pods import PodState, pod_state
 from gpulane.operator.status import StatusWriter
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec
 from gpulane.api.times import format_duration, format_time, parse_time
@@ -44,7 +45,6 @@ from gpulane.operator.metrics import Metrics, queue_snapshot
 from gpulane.operator.models import learn, model_status_fields
 from gpulane.operator.nodes import lane_node_problem
 from gpulane.operator.observed import Observed
-from gpulane.operator.pods import PodState
 from gpulane.operator.settings import Settings
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import (

@@ -14,12 +14,13 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.resources import GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
-from gpulane.operator.pods import PodState, backend_pod, pod_state
+from gpulane.operator.pods import backend_pod
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpulane.api.backend_pods import PodState
 from gpulane.api.resources import GpuModelSpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.operator.nodes import NodeState
-from gpulane.operator.pods import PodState
 
 
 @dataclass

@@ -1,33 +1,19 @@
-"""Backend pods: the pure builder (GpuModel + GpuLane -> pod manifest) and how to read a pod's state.
-
-One lane owns at most one backend pod, and its name is derived from the lane alone. The apiserver
-refuses a second pod of the same name, so two backend pods can never exist on one GPU, not during
-a swap and not across operator restarts: the next model's pod can only be created once the
-previous one is really gone.
-"""
+"""Backend pods: the pure builder (GpuModel + GpuLane -> pod manifest). Their names and how to read their
+state are shared with executors, in ``gpulane/api/backend_pods.py``."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from gpulane.api.backend_pods import HTTP_PORT, pod_name
 from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL
 from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
 
 CONTAINER = "backend"
 # Model servers hold no state worth a long shutdown; a short grace keeps swaps quick.
 GRACE_SECONDS = 5
-
-
-def pod_name(lane: str) -> str:
-    """``gpulane-<lane>``; lane names that would not fit are shortened with a hash to stay unique."""
-    name = f"gpulane-{lane}"
-    if len(name) <= 63:
-        return name
-    digest = hashlib.sha256(lane.encode()).hexdigest()[:8]
-    return f"{name[:54].rstrip('-.')}-{digest}"
 
 
 def label_value(text: str) -> str:
@@ -49,7 +35,7 @@ def backend_pod(
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": model_spec.image,
-        "ports": [{"name": "http", "containerPort": model_spec.port, "protocol": "TCP"}],
+        "ports": [{"name": HTTP_PORT, "containerPort": model_spec.port, "protocol": "TCP"}],
         "readinessProbe": {
             "httpGet": {"path": model_spec.readiness_path, "port": model_spec.port},
             "periodSeconds": 1,
@@ -103,42 +89,3 @@ def backend_pod(
         },
         "spec": spec,
     }
-
-
-@dataclass(frozen=True, slots=True)
-class PodState:
-    """What the operator needs to know of a backend pod."""
-
-    name: str
-    uid: str
-    lane: str
-    model: str
-    ready: bool
-    failed: bool  # it will not serve again: Failed or Succeeded, or being deleted
-    ip: str | None
-    created_at: str | None
-
-    def endpoint(self, port: int) -> str | None:
-        return None if self.ip is None else f"http://{self.ip}:{port}"
-
-
-def pod_state(body: dict[str, Any]) -> PodState | None:
-    """The state of a backend pod, or None for a pod that is not one of gpulane's."""
-    meta = body.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
-    lane, model = annotations.get(LANE_LABEL), annotations.get(MODEL_LABEL)
-    if not lane or not model:
-        return None
-    status = body.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    gone = status.get("phase") in ("Failed", "Succeeded") or meta.get("deletionTimestamp") is not None
-    return PodState(
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        lane=lane,
-        model=model,
-        ready=ready and not gone,
-        failed=gone,
-        ip=status.get("podIP") or None,
-        created_at=meta.get("creationTimestamp"),
-    )

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from gpulane.api.backend_pods import pod_state
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
@@ -22,7 +23,6 @@ from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import node_state
 from gpulane.operator.observed import Observed
-from gpulane.operator.pods import pod_state
 from gpulane.operator.translate import Refusal, job_from_body, job_key
 
 log = logging.getLogger(__name__)

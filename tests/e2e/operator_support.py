@@ -160,7 +160,8 @@ def tls_ready(port: int, tls: ServingCert) -> bool:
 
 
 class BridgeProcess(GpulaneProcess):
-    """``gpulane bridge`` for one namespace, with a keys file and endpoint overrides; ready on /readyz."""
+    """``gpulane bridge`` for one namespace (its calls' jobs, and the kubectl jobs it executes), with a keys
+    file and endpoint overrides; ready on /readyz."""
 
     name = "bridge"
 
@@ -172,6 +173,7 @@ class BridgeProcess(GpulaneProcess):
         return [
             "bridge", "--namespace", self.namespace, "--keys-file", str(self.keys_file),
             "--host", "127.0.0.1", "--port", str(self.port), "--replica", f"e2e-{self.port}",
+            "--execute-namespace", self.namespace, "--backend-namespace", OPERATOR_NAMESPACE,
         ]  # fmt: skip
 
     def ready(self) -> bool:

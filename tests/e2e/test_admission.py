@@ -24,6 +24,8 @@ from .support import REPO, Cluster, ServingCert, make_serving_cert, wait_until
 pytestmark = pytest.mark.e2e
 
 USERS_GROUP = "gpulane-e2e-submitters"
+# The e2e operator runs with the local cluster's admin credentials: this is its username.
+OPERATOR_USER = "gpulane-admin"
 BRIDGE = "bridge"
 HOLD = "gpulane.io/e2e-hold"  # a finalizer of the test's own
 
@@ -41,7 +43,8 @@ def callers_installed(world: World) -> Iterator[str]:
     rbac = [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
          "rules": [{"apiGroups": ["gpulane.io"], "resources": ["gpujobs"],
-                    "verbs": ["create", "get", "list", "update", "patch", "delete"]}]},
+                    "verbs": ["create", "get", "list", "update", "patch", "delete"]},
+                   {"apiGroups": ["gpulane.io"], "resources": ["gpujobs/status"], "verbs": ["get", "patch"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"kind": "Group", "name": USERS_GROUP, "apiGroup": "rbac.authorization.k8s.io"},
@@ -58,8 +61,9 @@ def callers_installed(world: World) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[None]:
-    """Webhook configurations calling 127.0.0.1:port for this test's namespace only, with its callers."""
+def admission_installed(world: World, port: int, tls: ServingCert, operators: tuple[str, ...] = ()) -> Iterator[None]:
+    """Webhook configurations calling 127.0.0.1:port for this test's namespace only, with its callers;
+    with ``operators``, the status writes of anyone else go through the webhook too."""
     with callers_installed(world) as tag:
         name = f"gpulane-e2e-{tag}"
         configs = webhook_configurations(
@@ -67,6 +71,7 @@ def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[N
             ca_pem=tls.ca_pem,
             namespace_selector={"gpulane.io/admission-test": tag},
             name=name,
+            operators=operators,
         )
         world.apply(*configs)
         try:
@@ -80,9 +85,9 @@ def admission_installed(world: World, port: int, tls: ServingCert) -> Iterator[N
 def admission(cluster: Cluster, world: World, tmp_path: Path) -> Iterator[WebhookProcess]:
     """``gpulane webhook`` as its own process, installed for this test's namespace."""
     tls = make_serving_cert(directory=tmp_path)
-    hook = WebhookProcess(cluster, tmp_path, tls).start()
+    hook = WebhookProcess(cluster, tmp_path, tls, "--operator-user", OPERATOR_USER).start()
     try:
-        with admission_installed(world, hook.port, tls):
+        with admission_installed(world, hook.port, tls, operators=(OPERATOR_USER,)):
             yield hook
     finally:
         hook.stop()
@@ -198,6 +203,54 @@ def test_with_the_webhook_down_a_job_can_still_be_deleted(world: World, admissio
     world.cluster.kubectl("delete", *kept, "--wait=false")
     world.cluster.kubectl("patch", *kept, *ALICE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}')
     wait_until(lambda: world.jobs() == [], what="the job deleted")
+
+
+def status_patch(world: World, name: str, *as_: str, **fields: Any) -> Any:
+    ops = [{"op": "add", "path": f"/status/{key}", "value": value} for key, value in fields.items()]
+    return world.cluster.kubectl("patch", "gpujob", name, "-n", world.namespace, "--subresource=status",
+                                 "--type=json", "-p", json.dumps(ops), *as_, check=False)  # fmt: skip
+
+
+def test_only_the_operator_writes_dispatch_fields_and_an_ended_job_stays_ended(
+    world: World, admission: WebhookProcess
+) -> None:
+    """An executor's right to patch gpujobs/status is only the right to end a Running job: it cannot
+    point the job at another endpoint, dispatch a waiting job, or bring a finished one back."""
+    executor = ("--as", "batch-runner", "--as-group", USERS_GROUP)
+    policy(world)
+    world.lane()
+    submit(world, "first")
+    world.wait_phase("first", "Running")
+    submit(world, "second")
+    world.wait_phase("second", "Pending")
+
+    # An outcome that also rewrites the dispatch (endpoint, lane and dispatchedAt are the CRD's, below).
+    forged = status_patch(world, "first", *executor, phase="Succeeded", pod="gpulane-elsewhere")
+    assert forged.returncode != 0, forged.stdout
+    assert "gpujob-status-validate.gpulane.io" in forged.stderr, forged.stderr
+    assert "may not change status.pod" in forged.stderr, forged.stderr
+    jumped = status_patch(world, "second", *executor, phase="Running", lane="anything")
+    assert jumped.returncode != 0 and "status of a Pending job" in jumped.stderr, jumped.stderr
+    assert world.status("first")["endpoint"].startswith("http://") and world.status("second")["phase"] == "Pending"
+    # Once written, a dispatch stays as it was, even for the operator's identity (the CRD's rules).
+    for field, value in (
+        ("lane", "other"),
+        ("endpoint", "http://10.9.9.9:1"),
+        ("dispatchedAt", "2026-01-01T00:00:00Z"),
+    ):
+        rewritten = status_patch(world, "first", **{field: value})
+        assert rewritten.returncode != 0 and f"status.{field} is written once" in rewritten.stderr, rewritten.stderr
+
+    ended = status_patch(world, "first", *executor, phase="Succeeded", finishedAt="2026-12-02T00:00:00Z")
+    assert ended.returncode == 0, ended.stderr
+    world.wait_phase("second", "Running")  # the lane went to the next job
+    # Neither an executor nor the operator's identity brings it back: the CRD's own rule refuses it before
+    # any webhook is asked, so it holds with no webhook installed too.
+    for who in (executor, ()):
+        revived = status_patch(world, "first", *who, phase="Running")
+        assert revived.returncode != 0, revived.stdout
+        assert "status.phase is final once Succeeded, Failed or Cancelled" in revived.stderr, revived.stderr
+    assert world.status("first")["phase"] == "Succeeded"
 
 
 def test_the_operator_can_host_the_webhook(

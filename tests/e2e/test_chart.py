@@ -100,6 +100,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         "bridge": {
             "enabled": True,
             "keys": {"inline": {"keys": [{"name": "chart", "key": BRIDGE_KEY, "member": "chart"}]}},
+            "executeNamespaces": [namespace],
         },
     }
     values_file = tmp_path / "values.yaml"
@@ -121,7 +122,10 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             container = pod.spec.containers[0]
             assert container.image == "gpulane.local/gpulane:dev"
             assert container.security_context.read_only_root_filesystem is True
-            assert pod.status.container_statuses[0].restart_count == 0, component
+            if pod.status.container_statuses[0].restart_count:
+                previous = cluster.kubectl("logs", "-n", namespace, pod.metadata.name, "--previous", "--tail=40",
+                                           check=False)  # fmt: skip
+                raise AssertionError(f"{component} restarted; its previous log:\n{previous.stdout}{previous.stderr}")
 
         # An upgrade keeps the webhook's certificate (looked up) and so its caBundle.
         def bundle() -> str:
@@ -204,6 +208,17 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-bridge", "--tail=30").stdout
             raise AssertionError(f"{err}\nthe bridge's log:\n{log}") from err
         assert served in str(answer.choices[0].message.content)
+        # The executor, in the namespace the values opted in: a kubectl job with spec.request runs with the
+        # chart's namespaced Role only, and its outcome passes the status webhook.
+        body = {"model": served, "messages": [{"role": "user", "content": "from kubectl"}]}
+        world.job("manifest", served, request={"path": "/v1/chat/completions", "body": body})
+        done = world.wait_phase("manifest", "Succeeded", "Failed", timeout=90)
+        assert done["phase"] == "Succeeded", done
+        # Anyone but the operator's ServiceAccount (the admin, here) writes only outcomes, of Running jobs:
+        # not another answer for a finished one.
+        forged = cluster.kubectl("patch", "gpujob", "manifest", "-n", namespace, "--subresource=status", "--type=merge",
+                                 "-p", '{"status":{"result":{"configMap":"forged"}}}', check=False)  # fmt: skip
+        assert forged.returncode != 0 and "gpujob-status-validate.gpulane.io" in forged.stderr, forged.stderr
         [pod] = backend_pods(core_v1, namespace)
         assert pod.spec.node_name == localcluster.GPU_NODE and pod.metadata.annotations["gpulane.io/lane"] == real_lane
         cluster.kubectl("delete", f"gpulanes.gpulane.io/{real_lane}", "--wait=true")
@@ -230,6 +245,19 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         assert can_i(cluster, bridge_sa, "create", "gpujobs.gpulane.io", "-n", namespace) == "yes"
         assert can_i(cluster, bridge_sa, "create", "gpujobs.gpulane.io", "-n", "default") == "no"
         assert can_i(cluster, bridge_sa, "get", "secrets", "-n", namespace) == "no"
+        # The executor's rights exist only where bridge.executeNamespaces put them.
+        assert can_i(cluster, bridge_sa, "patch", "gpujobs.gpulane.io", "-n", namespace) == "yes"
+        assert can_i(cluster, bridge_sa, "create", "configmaps", "-n", namespace) == "yes"
+        assert can_i(cluster, bridge_sa, "get", "pods", "-n", namespace) == "yes"  # the backend namespace
+        assert can_i(cluster, bridge_sa, "list", "pods", "-n", namespace) == "no"
+        for elsewhere in ("kube-system", "default"):
+            assert can_i(cluster, bridge_sa, "get", "pods", "-n", elsewhere) == "no"
+            assert can_i(cluster, bridge_sa, "patch", "gpujobs.gpulane.io", "-n", elsewhere) == "no"
+            assert (
+                can_i(cluster, bridge_sa, "patch", "gpujobs.gpulane.io", "--subresource=status", "-n", elsewhere)
+                == "no"
+            )
+            assert can_i(cluster, bridge_sa, "create", "configmaps", "-n", elsewhere) == "no"
         # ... and nothing the components did was refused for lack of permission.
         for component in ("operator", "webhook", "bridge"):
             log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-{component}").stdout

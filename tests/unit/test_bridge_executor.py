@@ -15,15 +15,18 @@ import pytest
 from aiohttp import ClientSession, web
 from kubernetes.aio.client.exceptions import ApiException
 
-from gpulane.api.contract import EXECUTOR_LEASE
+from gpulane.api.backend_pods import pod_name
+from gpulane.api.contract import EXECUTOR_LEASE, LANE_LABEL, MODEL_LABEL
 from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY, ManifestExecutor
-from gpulane.kube.client import Conflict
+from gpulane.kube.client import Conflict, Gone
 
 from .helpers import until
 
 Body = dict[str, Any]
 NS = "team-a"
 LEASE = "gpulane-bridge-r1"
+LANE = "gpu-0"
+FORGED = "http://169.254.169.254:80"  # what someone with status patch rights wrote
 
 
 class FakeKube:
@@ -35,6 +38,22 @@ class FakeKube:
         self.status_attempts = 0
         self.fail_status: list[Exception] = []  # raised by the next status patches, in order
         self.fail_config_map: Exception | None = None
+        self.pods: dict[str, Body] = {}  # backend pods, by namespace/name
+
+    def serve(self, url: str, model: str = "m", lane: str = LANE, ready: bool = True) -> None:
+        """The operator's backend pod of ``lane``, serving ``model`` at ``url`` (http://IP:PORT)."""
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.pods[f"{self.namespace}/{pod_name(lane)}"] = {
+            "metadata": {"name": pod_name(lane), "annotations": {LANE_LABEL: lane, MODEL_LABEL: model}},
+            "spec": {"containers": [{"name": "backend", "ports": [{"name": "http", "containerPort": int(port)}]}]},
+            "status": {"podIP": host, "conditions": [{"type": "Ready", "status": str(ready)}]},
+        }
+
+    async def get_pod(self, name: str, namespace: str | None = None) -> Body:
+        try:
+            return self.pods[f"{namespace or self.namespace}/{name}"]
+        except KeyError:
+            raise Gone(f"pods {name!r} not found") from None
 
     async def create_config_map(self, namespace: str, manifest: Body) -> None:
         if self.fail_config_map is not None:
@@ -52,12 +71,14 @@ class FakeKube:
         return {}
 
 
-def running_job(name: str, uid: str, endpoint: str, path: str = "/v1/answer") -> Body:
+def running_job(name: str, uid: str, path: str = "/v1/answer") -> Body:
+    """A job Running on LANE, claimed by this executor. Its status.endpoint is a forgery the executor must
+    never call: the backend is found through the lane's pod."""
     return {
         "metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": "7",
                      "annotations": {EXECUTOR_LEASE: f"{FakeKube.namespace}/{LEASE}"}},
         "spec": {"model": "m", "request": {"path": path, "body": {"prompt": "hi"}}},
-        "status": {"phase": "Running", "endpoint": endpoint},
+        "status": {"phase": "Running", "lane": LANE, "endpoint": FORGED},
     }  # fmt: skip
 
 
@@ -87,11 +108,12 @@ async def backend(handler: Handler) -> AsyncIterator[str]:
 async def execute(handler: Handler, kube: FakeKube, *jobs: tuple[str, str], max_bytes: int = 900 * 1024) -> None:
     """Runs each (name, uid) as a Running job claimed by this executor until its outcome is written."""
     async with backend(handler) as url:
-        ex = ManifestExecutor(kube, LEASE, {}, max_answer_bytes=max_bytes)  # type: ignore[arg-type]
+        kube.serve(url)
+        ex = ManifestExecutor(kube, LEASE, {}, ["ns"], max_answer_bytes=max_bytes)  # type: ignore[arg-type]
         ex.session = ClientSession()
         try:
             for done, (name, uid) in enumerate(jobs, start=1):
-                ex._seen(running_job(name, uid, url))
+                ex._seen(running_job(name, uid))
                 await until(functools.partial(lambda n: len(kube.outcomes) >= n, done), f"the outcome of {name}")
         finally:
             await ex.stop()
@@ -199,9 +221,10 @@ def test_a_late_running_event_of_a_finished_job_does_not_send_its_request_again(
     async def scenario() -> None:
         async with backend(ok) as url:
             kube = FakeKube()
-            ex = ManifestExecutor(kube, LEASE, {})  # type: ignore[arg-type]
+            kube.serve(url)
+            ex = ManifestExecutor(kube, LEASE, {}, ["ns"])  # type: ignore[arg-type]
             ex.session = ClientSession()
-            job = running_job("once", "uid-1", url)
+            job = running_job("once", "uid-1")
             ex._seen(job)
             await until(lambda: len(kube.outcomes) == 1, "the outcome")
             await until(lambda: not ex._tasks, "the run to finish")
@@ -220,3 +243,80 @@ def test_a_transient_error_writing_the_outcome_is_retried_until_it_lands(transie
 
     assert kube.status_attempts == 3
     assert outcome(kube.outcomes[0][1])["phase"] == "Succeeded"
+
+
+def test_the_executor_watches_only_the_namespaces_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16 item 12: no cluster-wide watch (namespace None), so no cluster-wide grant is needed."""
+    watched: list[str | None] = []
+
+    async def watch(kube: Any, namespace: str | None, selector: str | None, deliver: Any) -> None:
+        watched.append(namespace)
+
+    monkeypatch.setattr("gpulane.bridge.executor.watch_jobs", watch)
+
+    async def scenario(namespaces: list[str]) -> list[str | None]:
+        watched.clear()
+        ex = ManifestExecutor(FakeKube(), LEASE, {}, namespaces)  # type: ignore[arg-type]
+        ex.start()
+        await until(lambda: len(watched) == len(set(namespaces)), "the watches started")
+        await ex.stop()
+        return sorted(watched)  # type: ignore[type-var]
+
+    assert asyncio.run(scenario(["team-a", "team-b", "team-a"])) == ["team-a", "team-b"]
+    assert asyncio.run(scenario([])) == []
+
+
+@pytest.mark.parametrize(
+    ("pod", "why"),
+    [
+        (None, "lane gpu-0 has no backend pod gpulane-system/gpulane-gpu-0"),
+        ({"model": "other"}, "pod gpulane-system/gpulane-gpu-0 does not serve model m on lane gpu-0"),
+        ({"lane": "gpu-1"}, "does not serve model m on lane gpu-0"),
+        ({"ready": False}, "pod gpulane-system/gpulane-gpu-0 is not Ready"),
+    ],
+)
+def test_without_a_ready_pod_of_its_model_on_its_lane_the_call_is_not_sent(pod: dict[str, Any] | None, why: str):
+    """Issue 16 item 6: the backend comes from the lane's pod. status.endpoint (FORGED) is never a fallback."""
+    sent: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        sent.append(request.path)
+        return web.json_response({})
+
+    async def scenario() -> FakeKube:
+        kube = FakeKube()
+        async with backend(record) as url:
+            if pod is not None:
+                kube.serve(url, **pod)
+                if "lane" in pod:  # the pod of another lane, under this lane's pod name
+                    kube.pods[f"{kube.namespace}/{pod_name(LANE)}"] = kube.pods.pop(
+                        f"{kube.namespace}/{pod_name(pod['lane'])}"
+                    )
+            ex = ManifestExecutor(kube, LEASE, {}, ["ns"])  # type: ignore[arg-type]
+            ex.session = ClientSession()
+            ex._seen(running_job("lost", "uid-1"))
+            await until(lambda: len(kube.outcomes) == 1, "the outcome")
+            await ex.stop()
+        return kube
+
+    kube = asyncio.run(scenario())
+    written = outcome(kube.outcomes[0][1])
+    assert written["phase"] == "Failed", written
+    assert written["message"].startswith("the request was not sent: ") and why in written["message"], written
+    assert sent == []
+
+
+def test_the_backend_pod_is_looked_up_in_the_backend_namespace():
+    async def scenario() -> FakeKube:
+        kube = FakeKube()
+        async with backend(ok) as url:
+            kube.serve(url)
+            kube.pods[f"backends/{pod_name(LANE)}"] = kube.pods.pop(f"{kube.namespace}/{pod_name(LANE)}")
+            ex = ManifestExecutor(kube, LEASE, {}, ["ns"], backend_namespace="backends")  # type: ignore[arg-type]
+            ex.session = ClientSession()
+            ex._seen(running_job("elsewhere", "uid-1"))
+            await until(lambda: len(kube.outcomes) == 1, "the outcome")
+            await ex.stop()
+        return kube
+
+    assert outcome(asyncio.run(scenario()).outcomes[0][1])["phase"] == "Succeeded"

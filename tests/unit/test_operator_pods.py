@@ -1,20 +1,14 @@
-"""Unit tests of gpulane/operator/pods.py: the backend pod builder and reading a pod's state."""
+"""Unit tests of gpulane/operator/pods.py (the backend pod builder) and gpulane/api/backend_pods.py (reading
+a pod's state)."""
 
 import re
 
 import pytest
 
+from gpulane.api.backend_pods import PodState, pod_name, pod_state
 from gpulane.api.contract import BACKEND_SELECTOR, LANE_LABEL, MODEL_LABEL
 from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
-from gpulane.operator.pods import (
-    CONTAINER,
-    GRACE_SECONDS,
-    PodState,
-    backend_pod,
-    label_value,
-    pod_name,
-    pod_state,
-)
+from gpulane.operator.pods import CONTAINER, GRACE_SECONDS, backend_pod, label_value
 
 # RFC 1123 label / DNS-1123 subdomain, and a label value (https://kubernetes.io/docs/concepts/overview/
 # working-with-objects/labels/#syntax-and-character-set).

@@ -51,6 +51,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpulane.operator.serviceAccountName" -}}
 {{- default (include "gpulane.operator.fullname" .) .Values.operator.serviceAccount.name }}
 {{- end }}
+{{/* The operator's username: the one writer of a GpuJob's status beyond an executor's outcome. */}}
+{{- define "gpulane.operator.username" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpulane.operator.serviceAccountName" . }}
+{{- end }}
 {{- define "gpulane.webhook.serviceAccountName" -}}
 {{- default (include "gpulane.webhook.fullname" .) .Values.webhook.serviceAccount.name }}
 {{- end }}
