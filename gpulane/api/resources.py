@@ -97,6 +97,11 @@ class GpuJobSpec(CamelModel):
     max_run_seconds: int | None = Field(default=None, ge=1, le=MAX_RUN_SECONDS)
     # The submitter's estimate, used for other jobs' start-time estimates instead of the model's average.
     expected_run_seconds: int | None = Field(default=None, ge=0, le=MAX_RUN_SECONDS)
+    # How long the caller waits for the job to start: still waiting then, it fails with QueueTimeout. The
+    # policy's band default applies too; the smaller one wins.
+    queue_timeout_seconds: int | None = Field(
+        default=None, ge=1, le=MAX_RUN_SECONDS, json_schema_extra=immutable("queueTimeoutSeconds")
+    )
     request: JobRequest | None = None
 
 
@@ -210,6 +215,15 @@ class ServedClock(CamelModel):
     at: str = Field(json_schema_extra=_TIME)
 
 
+class UsageEntry(CamelModel):
+    """A (member, band)'s decayed GPU usage as of ``at``: fair share by GPU time survives a restart."""
+
+    member: str
+    band: int
+    gpu_seconds: float = Field(ge=0)
+    at: str = Field(json_schema_extra=_TIME)
+
+
 class GpuLaneStatus(CamelModel):
     resident_model: str | None = None
     pod: str | None = None
@@ -217,6 +231,7 @@ class GpuLaneStatus(CamelModel):
     running: list[str] | None = None
     queue_depth: dict[str, int] | None = None
     last_served: list[ServedClock] | None = None
+    usage: list[UsageEntry] | None = None
     history: list[DispatchRecord] | None = None  # the lane's latest dispatches, at most HISTORY_LIMIT
     conditions: Conditions | None = _CONDITIONS
     observed_generation: int | None = None

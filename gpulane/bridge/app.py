@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gpulane.bridge.calls import Call, CallError, read_call
+from gpulane.bridge.calls import Call, CallError, queue_timeout, read_call
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
 from gpulane.kube.client import why
@@ -122,7 +122,7 @@ class Bridge:
         headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
         return web.json_response(err.body(), status=err.status, headers=headers)
 
-    async def _judge(self, request: web.Request) -> tuple[Call, Identity]:
+    async def _judge(self, request: web.Request) -> tuple[Call, Identity, int | None]:
         """Everything that can refuse the call, before anything is created or sent. The key is checked
         first, from the headers alone: an unknown caller never makes the bridge read or parse a body."""
         try:
@@ -130,6 +130,7 @@ class Bridge:
         except Denied as err:
             kind = {401: "authentication_error", 403: "permission_error"}.get(err.status, "invalid_request_error")
             raise CallError(err.status, str(err), kind=kind) from None
+        timeout = queue_timeout(request.headers)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -142,15 +143,15 @@ class Bridge:
         if self._queued[identity.member] >= self.settings.max_queued_per_member:
             raise CallError(429, f"member {identity.member!r} has {self.settings.max_queued_per_member} calls waiting",
                             kind="rate_limit_error", retry_after=1)  # fmt: skip
-        return call, identity
+        return call, identity, timeout
 
     async def call(self, request: web.Request) -> web.StreamResponse:
         try:
-            call, identity = await self._judge(request)
+            call, identity, timeout = await self._judge(request)
         except CallError as err:
             return self._error(err)
         submission = Submission(call.model, identity.priority, identity.member, identity.tier,
-                                self.settings.max_run_seconds, identity.key)  # fmt: skip
+                                self.settings.max_run_seconds, identity.key, timeout)  # fmt: skip
         headers = {"X-Gpulane-Priority": str(identity.priority)}
         if identity.requested > identity.priority:
             headers["X-Gpulane-Priority-Capped"] = f"{identity.requested} -> {identity.priority} (key {identity.key})"
@@ -185,7 +186,10 @@ class Bridge:
                 why = f"job {name} ended {state.phase if state else 'unseen'} before it ran"
                 if state and state.message:
                     why += f": {state.message}"
-                return await self._fail(response, CallError(503, why, kind="server_error", retry_after=1))
+                # A QueueTimeout says so in its code: the caller's own deadline passed, and retrying later may
+                # find a shorter queue.
+                code = "queue_timeout" if state and state.reason == "QueueTimeout" else None
+                return await self._fail(response, CallError(503, why, kind="server_error", code=code, retry_after=1))
             return await self._proxy(request, call, name, state, headers, response, outcome)
         except asyncio.CancelledError:
             # The client went away: its job leaves the queue, or its lane (freeing the GPU at once),

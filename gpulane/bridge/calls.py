@@ -7,10 +7,13 @@ sent: once a 200 event stream has started, a 4xx is no longer possible.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.message import Message
 from email.parser import BytesHeaderParser
 from typing import Any
+
+from gpulane.api.run_limits import MAX_RUN_SECONDS
 
 # Routed by the JSON body's "model" field.
 JSON_PATHS = (
@@ -37,6 +40,22 @@ class CallError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
+
+
+QUEUE_TIMEOUT_HEADER = "X-Gpulane-Queue-Timeout"
+
+
+def queue_timeout(headers: Mapping[str, str]) -> int | None:
+    """The caller's ``X-Gpulane-Queue-Timeout``: how many seconds it waits for its job to start (the
+    GpuPolicy's band default may be smaller; the smaller wins). None when the header is absent."""
+    raw = headers.get(QUEUE_TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_RUN_SECONDS:
+        wanted = f"a whole number of seconds from 1 to {MAX_RUN_SECONDS}"
+        raise CallError(400, f"{QUEUE_TIMEOUT_HEADER} must be {wanted}, got {raw[:40]!r}", param=QUEUE_TIMEOUT_HEADER)
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ class Submission:
     tier: str
     max_run_seconds: int
     key: str  # the API key's name, as a label for whoever reads the queue
+    queue_timeout_seconds: int | None = None  # X-Gpulane-Queue-Timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +180,7 @@ class KubeJobQueue:
     async def submit(self, submission: Submission) -> str:
         name = f"call-{uuid.uuid4().hex[:12]}"
         self._waiters[name] = asyncio.Queue()
-        manifest = {
+        manifest: Body = {
             "apiVersion": API_VERSION,
             "kind": "GpuJob",
             "metadata": {
@@ -198,6 +199,8 @@ class KubeJobQueue:
                 "maxRunSeconds": submission.max_run_seconds,
             },
         }
+        if submission.queue_timeout_seconds is not None:
+            manifest["spec"]["queueTimeoutSeconds"] = submission.queue_timeout_seconds
         try:
             await self.kube.create_job(manifest)
         except ApiException as err:

@@ -49,15 +49,14 @@ class Policy(CamelModel):
     aging_divisor_seconds: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     band_spacing: int = Field(default=100, gt=0)
     priority_bounds: PriorityBounds = Field(default_factory=PriorityBounds)
-    # The fields below are left out of the GpuPolicy CRD (SkipJsonSchema) until the API exposes them;
-    # drop the wrapper there and run `make crds`.
     # How members of one band share the GPU: by decayed GPU seconds (usage) or by taking turns.
-    fair_share: SkipJsonSchema[FairShare] = "usage"
-    fair_share_half_life_seconds: SkipJsonSchema[float] = 3600.0
+    fair_share: FairShare = "usage"
+    fair_share_half_life_seconds: float = 3600.0
     # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
-    queue_timeout_seconds: SkipJsonSchema[dict[int, float]] = Field(default_factory=dict)
+    queue_timeout_seconds: dict[int, float] = Field(default_factory=dict)
     # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
-    # Off until the operator handles the Requeued notice (a yield would leave it out of step).
+    # Left out of the GpuPolicy CRD (SkipJsonSchema), and off, until the operator handles the Requeued
+    # notice (a yield would leave it out of step).
     load_yield: SkipJsonSchema[bool] = False
 
     @field_validator("fair_share", mode="before")

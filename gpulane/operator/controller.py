@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import FINALIZER, Body
-from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec, GpuModelSpec
+from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec
 from gpulane.api.times import format_duration, format_time, parse_time
 from gpulane.core.dispatcher import Dispatcher, DispatchError
 from gpulane.core.events import (
@@ -29,20 +29,19 @@ from gpulane.core.events import (
     JobSubmitted,
     LaneUpdated,
     ModelLoaded,
-    ModelUpdated,
 )
 from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
-from gpulane.operator import backends, policies, rebuild
+from gpulane.operator import backends, models, notices, policies, rebuild
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics, queue_snapshot
-from gpulane.operator.models import learn, model_status_fields
+from gpulane.operator.models import learn
 from gpulane.operator.nodes import lane_node_problem
 from gpulane.operator.observed import Observed
 from gpulane.operator.settings import Settings
@@ -52,7 +51,6 @@ from gpulane.operator.translate import (
     band_label,
     job_from_body,
     job_key,
-    model_spec,
     policy_refusal,
 )
 
@@ -106,11 +104,13 @@ class Controller:
             self.tick()
 
     def tick(self) -> None:
-        """One pass: active jobs past a deadline end (``deadlines``), and every lane looks at its load again."""
+        """One pass: active jobs past a deadline end (``deadlines``), waiting jobs past their queue deadline
+        expire (``notices``), and every lane looks at its load again."""
         now = self.clock()
         for view in self.jobs:
             if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
+        notices.expire_due(self, now)
         for lane in self.lanes.values():
             lane.kick()
 
@@ -121,9 +121,11 @@ class Controller:
         except (DispatchError, PolicyError) as err:
             log.error("the dispatcher refused %s: %s", type(event).__name__, err)
             return
-        self._act(decisions, woke_at)
+        self.act(decisions, woke_at)
 
-    def _act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None:
+    def act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None:
+        """Hand the core's dispatches to their lanes, and what it did on its own to ``notices``."""
+        notices.act_on(self, self.dispatcher.take_notices())
         for decision in decisions:
             self.jobs.assign(self.jobs[decision.job.id], decision, woke_at)
             self.metrics.dispatched(decision, band_label(decision.job.priority, self.dispatcher.policy))
@@ -351,37 +353,7 @@ class Controller:
         self.status.lane_dirty(name)
 
     def model_event(self, kind: str | None, body: Body) -> None:
-        name = body["metadata"]["name"]
-        if kind == "DELETED":
-            self.observed.models.pop(name, None)
-            self._park_model(name)
-            return
-        try:
-            spec = GpuModelSpec.model_validate(body.get("spec") or {})
-        except ValidationError as err:
-            log.error("GpuModel %s is invalid: %s", name, describe(err, "spec"))
-            return
-        observed = self.observed
-        learned = observed.learned.setdefault(name, model_status_fields(body.get("status") or {}))
-        observed.models[name] = spec
-        if observed.model_generations.get(name) != body["metadata"].get("generation"):
-            observed.model_generations[name] = body["metadata"].get("generation")
-            self.status.model_dirty(name)
-        self.apply(ModelUpdated(model_spec(name, spec, learned, self.dispatcher.models.get(name))))
-        for view in self.jobs.unpark(name):
-            refusal = policy_refusal(self.dispatcher.policy, view.job.priority, view.job.tier)
-            if refusal is not None:  # the policy changed while it waited for its model
-                self.reject(view, refusal.message)
-            else:
-                self.apply(JobSubmitted(view.job))
-        for lane in self.lanes.values():
-            lane.kick()
-
-    def _park_model(self, model: str) -> None:
-        """Waiting jobs of a deleted model go back to waiting for a GpuModel of that name."""
-        for job in [j for j in self.dispatcher.ranking.pending() if j.model == model]:
-            self.apply(JobCancelled(job.id))
-            self.jobs.park(self.jobs[job.id])
+        models.model_event(self, kind, body)
 
     def policy_event(self, kind: str | None, body: Body) -> None:
         policies.policy_event(self, kind, body)
@@ -396,4 +368,4 @@ class Controller:
             refusal = policy_refusal(policy, view.job.priority, view.job.tier)
             if refusal is not None:
                 self.reject(view, refusal.message)
-        self._act(self.dispatcher.decide())
+        self.act(self.dispatcher.decide())

@@ -16,7 +16,7 @@ from gpulane.api.backend_pods import pod_state
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, JobAdopted, LaneUpdated, QueueServed
+from gpulane.core.events import Event, JobAdopted, LaneUpdated, QueueServed, UsageRestored
 from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
@@ -122,6 +122,8 @@ def replay(ctl: Host, world: World) -> None:
             ctl.job_event(None, body)
     for member, priority, at in served_clocks(world.lanes, jobs):
         ctl.apply(QueueServed(member, priority, at))
+    for member, priority, seconds, at in usage_entries(world.lanes):
+        ctl.apply(UsageRestored(member, priority, seconds, at))
     for body in jobs:
         if (body.get("status") or {}).get("phase") not in ACTIVE_PHASES:
             ctl.job_event(None, body)
@@ -175,6 +177,21 @@ def _check_adopted(ctl: Host, lane: str) -> None:
     for view in ctl.jobs.on_lane(lane, JobState.RUNNING):
         if pod is None or pod.failed or pod.model != view.model:
             ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
+
+
+def usage_entries(lanes: list[Body]) -> list[tuple[str, int, float, float]]:
+    """Each (member, band)'s decayed GPU usage as the lanes last wrote it (each lane writes them all; the
+    latest entry wins), for fair share by GPU time to go on where it was."""
+    latest: dict[tuple[str, int], tuple[float, float]] = {}
+    for lane in lanes:
+        for entry in (lane.get("status") or {}).get("usage") or []:
+            at, seconds, band = parse_time(entry.get("at")), entry.get("gpuSeconds"), entry.get("band")
+            if at is None or not isinstance(seconds, int | float) or seconds < 0 or not isinstance(band, int):
+                continue  # the schema rules these out; an entry someone wrote by hand is skipped, not fatal
+            key = (str(entry.get("member")), band)
+            if key not in latest or at > latest[key][1]:
+                latest[key] = (float(seconds), at)
+    return [(member, band, seconds, at) for (member, band), (seconds, at) in latest.items()]
 
 
 def served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, float]]:

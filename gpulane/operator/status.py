@@ -218,7 +218,7 @@ class StatusWriter:
         runner = host.lanes[name]
         core = host.dispatcher.lanes.get(name)
         pod = host.observed.pods.get(name)
-        spacing = host.dispatcher.policy.band_spacing
+        spacing, now = host.dispatcher.policy.band_spacing, host.clock()
         depth = self._depth.get(name, {})
         # A merge patch merges maps: bands that emptied must be removed explicitly.
         queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
@@ -246,6 +246,10 @@ class StatusWriter:
                 "lastServed": [
                     {"member": member, "band": band * spacing, "at": format_time(at)}
                     for (member, band), at in sorted(host.dispatcher.ranking.served().items())
+                ],
+                "usage": [
+                    {"member": member, "band": band * spacing, "gpuSeconds": round(seconds, 3), "at": format_time(now)}
+                    for (member, band), seconds in sorted(host.dispatcher.ranking.usage(now).items())
                 ],
             }
         )

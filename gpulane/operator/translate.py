@@ -65,6 +65,7 @@ def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
         member=spec.member or meta["namespace"],
         submitted_at=submitted if submitted is not None else 0.0,
         expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
+        queue_timeout_seconds=None if spec.queue_timeout_seconds is None else float(spec.queue_timeout_seconds),
     )
 
 

@@ -291,3 +291,24 @@ def test_a_bridge_restarted_under_its_name_cancels_the_calls_its_last_run_left(
     finally:
         again.stop()
     world.complete("blocker")
+
+
+def test_a_call_whose_queue_timeout_passes_behind_a_running_job_gets_a_503_and_its_job_fails(setup: Setup) -> None:
+    """Issue 18, part 2: the caller's X-Gpulane-Queue-Timeout goes on its GpuJob; the operator fails the job
+    with QueueTimeout at the deadline, and the caller gets OpenAI's 503 (the real client's error type)."""
+    world = setup.world
+    world.job("blocker", setup.model, member="film")
+    world.wait_phase("blocker", "Running")
+    client = setup.client(**{"X-Gpulane-Queue-Timeout": "3"})
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as refused:
+        client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "now or never"}])
+    assert refused.value.status_code == 503 and refused.value.code == "queue_timeout", refused.value
+    assert time.monotonic() - started >= 2.5, "answered before the deadline"
+    [job] = [j for j in setup.jobs() if j["metadata"]["name"] != "blocker"]
+    assert job["spec"]["queueTimeoutSeconds"] == 3
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Failed", "QueueTimeout")
+    # A kubectl job with its own timeout meets the same end.
+    world.job("batch", setup.model, queueTimeoutSeconds=2)
+    assert world.wait_phase("batch", "Failed", timeout=30)["reason"] == "QueueTimeout"
+    world.complete("blocker")

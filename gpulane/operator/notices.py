@@ -1,0 +1,65 @@
+"""What the dispatcher did on its own (``Dispatcher.take_notices``), turned into the operator's writes.
+
+A job still waiting at its queue deadline (its ``queueTimeoutSeconds``, or its band's default in the
+GpuPolicy) has already left the core's queue, or the lane whose model it waited for: here it leaves the
+operator's table at once, so nothing dispatches or starts it, and then fails with ``QueueTimeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from gpulane.api.times import format_duration
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Dispatch, Expired, Notice
+from gpulane.operator.jobs import JobTable, JobView
+from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.status import StatusWriter
+
+log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    dispatcher: Dispatcher
+    jobs: JobTable
+    lanes: dict[str, LaneRunner]
+    status: StatusWriter
+
+    def act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
+
+
+REASON = "QueueTimeout"
+
+
+def expire_due(ctl: Host, now: float) -> None:
+    """The tick's part: when a queue deadline has passed, let the dispatcher expire its jobs."""
+    due = ctl.dispatcher.next_deadline()
+    if due is not None and due <= now:
+        ctl.act(ctl.dispatcher.decide())
+
+
+def act_on(ctl: Host, notices: list[Notice]) -> None:
+    for notice in notices:
+        if isinstance(notice, Expired):
+            _expired(ctl, notice)
+        else:  # Requeued: the policy cannot turn load yielding on (it is not in the GpuPolicy schema)
+            log.error("ignoring %s: the operator does not requeue jobs", notice)
+
+
+def _expired(ctl: Host, notice: Expired) -> None:
+    view = ctl.jobs.get(notice.job.id)
+    if view is None:
+        return
+    ctl.jobs.release(view)  # the core let it go already; end_job's release is then a no-op
+    waited = format_duration(notice.deadline - notice.job.submitted_at)
+    where = f", while lane {notice.lane} loaded its model" if notice.lane else ""
+    message = f"still waiting at its queue deadline, {waited} after it was created{where}; it never started"
+    ctl.spawn(ctl.end_job(view, "Failed", REASON, message))
+    if notice.lane is not None and notice.lane in ctl.lanes:
+        ctl.status.lane_dirty(notice.lane)
+        ctl.lanes[notice.lane].kick()
+    ctl.status.dirty = True

@@ -1,0 +1,98 @@
+"""X-Gpulane-Queue-Timeout (issue 18, part 2): the caller's deadline goes on its GpuJob, a bad value is a
+400 before anything exists, and a job that expired in the queue is answered as OpenAI clients expect:
+a 503 with a retry hint, or an error event on a stream that had started."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpulane.api.run_limits import MAX_RUN_SECONDS
+from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.jobs import JobState, Submission
+from gpulane.bridge.keys import KeyRing, KeysFile
+
+KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
+AUTH = {"Authorization": f"Bearer {KEY['key']}"}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+EXPIRED = JobState(
+    "Failed", reason="QueueTimeout", message="still waiting at its queue deadline, 30s after it was created"
+)
+
+
+class ExpiringQueue:
+    """Every job waits once (position 3), then expires in the queue."""
+
+    def __init__(self) -> None:
+        self.submissions: list[Submission] = []
+
+    async def models(self) -> set[str]:
+        return {"m"}
+
+    async def submit(self, submission: Submission) -> str:
+        self.submissions.append(submission)
+        return f"call-{len(self.submissions)}"
+
+    async def follow(self, name: str) -> AsyncIterator[JobState]:
+        yield JobState("Pending", position=3)
+        yield EXPIRED
+
+    async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
+        raise AssertionError("an expired job has no outcome to write")
+
+    async def cancel(self, name: str) -> None:
+        raise AssertionError("an expired job is not cancelled")
+
+
+def bridge(queue: ExpiringQueue) -> Bridge:
+    return Bridge(queue, KeyRing(KeysFile.model_validate({"keys": [KEY]})), BridgeSettings())
+
+
+def test_the_header_becomes_the_jobs_queue_timeout_and_an_expiry_is_a_503_with_retry_after() -> None:
+    async def scenario() -> None:
+        queue = ExpiringQueue()
+        async with TestClient(TestServer(bridge(queue).app())) as http:
+            resp = await http.post("/v1/chat/completions", json=CHAT, headers={**AUTH, "X-Gpulane-Queue-Timeout": "30"})
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == "1"
+            error = (await resp.json())["error"]
+            assert (error["type"], error["code"]) == ("server_error", "queue_timeout")
+            assert "ended Failed before it ran: still waiting at its queue deadline" in error["message"]
+            await http.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+        assert [s.queue_timeout_seconds for s in queue.submissions] == [30, None]
+
+    asyncio.run(scenario())
+
+
+def test_on_a_stream_the_expiry_is_an_error_event() -> None:
+    async def scenario() -> None:
+        async with TestClient(TestServer(bridge(ExpiringQueue()).app())) as http:
+            resp = await http.post("/v1/chat/completions", json={**CHAT, "stream": True},
+                                   headers={**AUTH, "X-Gpulane-Queue-Timeout": "30"})  # fmt: skip
+            assert resp.status == 200  # the stream started while the job waited
+            events = [line for line in (await resp.text()).splitlines() if line.startswith("data: ")]
+            error = json.loads(events[-1].removeprefix("data: "))["error"]
+            assert error["code"] == "queue_timeout"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1.5", "soon", "", str(MAX_RUN_SECONDS + 1), "٣"])
+def test_a_bad_header_is_a_400_and_no_job_is_created(value: str) -> None:
+    async def scenario() -> None:
+        queue = ExpiringQueue()
+        async with TestClient(TestServer(bridge(queue).app())) as http:
+            resp = await http.post(
+                "/v1/chat/completions", json=CHAT, headers={**AUTH, "X-Gpulane-Queue-Timeout": value}
+            )
+            assert resp.status == 400
+            error = (await resp.json())["error"]
+            assert error["param"] == "X-Gpulane-Queue-Timeout"
+            assert f"must be a whole number of seconds from 1 to {MAX_RUN_SECONDS}" in error["message"]
+        assert queue.submissions == []
+
+    asyncio.run(scenario())
