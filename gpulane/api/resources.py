@@ -289,12 +289,16 @@ class Kind(CamelModel):
     spec_required: bool = True
 
 
-def _written_once(field: str) -> dict[str, str]:
-    """A status field that, once set, keeps its value: a dispatch happens once, to one lane and pod."""
+def _written_once(field: str, *, requeue: bool) -> dict[str, str]:
+    """A status field that, once set, keeps its value: a dispatch happens once, to one lane and pod. With
+    ``requeue`` the field may go when a Dispatching job goes back to Pending (its load yielded)."""
+    kept = f"(has(self.status.{field}) && self.status.{field} == oldSelf.status.{field})"
+    if requeue:
+        back = "(has(self.status.phase) && self.status.phase == 'Pending' && has(oldSelf.status.phase) && "
+        kept = f"({kept} || {back}oldSelf.status.phase == 'Dispatching'))"
     return {
-        "rule": f"!has(oldSelf.status) || !has(oldSelf.status.{field}) || "
-        f"(has(self.status) && has(self.status.{field}) && self.status.{field} == oldSelf.status.{field})",
-        "message": f"status.{field} is written once",
+        "rule": f"!has(oldSelf.status) || !has(oldSelf.status.{field}) || (has(self.status) && {kept})",
+        "message": f"status.{field} is written once" + (" (a yielded load's requeue aside)" if requeue else ""),
     }
 
 
@@ -321,7 +325,7 @@ KINDS: tuple[Kind, ...] = (
                 "(has(self.status) && has(self.status.phase) && self.status.phase == oldSelf.status.phase)",
                 "message": "status.phase is final once Succeeded, Failed or Cancelled",
             },
-            *(_written_once(field) for field in ("lane", "endpoint", "dispatchedAt")),
+            *(_written_once(field, requeue=field != "endpoint") for field in ("lane", "endpoint", "dispatchedAt")),
         ],
         columns=[
             _col("Phase", "string", ".status.phase"),

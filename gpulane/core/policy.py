@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
-from pydantic.json_schema import SkipJsonSchema
 
 from gpulane.core.durations import MAX_SECONDS
 from gpulane.core.priority import band_of, shown
@@ -55,9 +54,7 @@ class Policy(CamelModel):
     # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
     queue_timeout_seconds: dict[int, float] = Field(default_factory=dict)
     # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
-    # Left out of the GpuPolicy CRD (SkipJsonSchema), and off, until the operator handles the Requeued
-    # notice (a yield would leave it out of step).
-    load_yield: SkipJsonSchema[bool] = False
+    load_yield: bool = False
 
     @field_validator("fair_share", mode="before")
     @classmethod

@@ -197,6 +197,13 @@ class JobTable:
         self._on_lane.setdefault(lane, {})[view.key] = view
         self._wait(view, False)
 
+    def requeue(self, view: JobView) -> None:
+        """An assigned job whose lane's load yielded to a better newcomer: back to waiting, off the lane."""
+        self._on_lane.get(view.lane or "", {}).pop(view.key, None)
+        view.state, view.lane, view.decision, view.dispatched_at = JobState.PENDING, None, None, None
+        view.announced, view.written = False, None  # its next dispatch is announced, its position written afresh
+        self._wait(view, True)
+
     def start(self, view: JobView, at: float) -> None:
         view.state, view.api_phase, view.started_at = JobState.RUNNING, "Running", at
 

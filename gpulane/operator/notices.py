@@ -3,6 +3,9 @@
 A job still waiting at its queue deadline (its ``queueTimeoutSeconds``, or its band's default in the
 GpuPolicy) has already left the core's queue, or the lane whose model it waited for: here it leaves the
 operator's table at once, so nothing dispatches or starts it, and then fails with ``QueueTimeout``.
+
+A job whose lane's load yielded to a better newcomer (``loadYield``) is back in the core's queue: here it
+goes back to waiting too, off its lane, and its status to ``Pending``.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from typing import Any, Protocol
 
 from gpulane.api.times import format_duration
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, Expired, Notice
-from gpulane.operator.jobs import JobTable, JobView
+from gpulane.core.events import Dispatch, Expired, Notice, Requeued
+from gpulane.operator.history import shown_in
+from gpulane.operator.job_writes import JobWrites
+from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.status import StatusWriter
 
@@ -26,6 +31,7 @@ class Host(Protocol):
     jobs: JobTable
     lanes: dict[str, LaneRunner]
     status: StatusWriter
+    writes: JobWrites
 
     def act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
@@ -46,8 +52,8 @@ def act_on(ctl: Host, notices: list[Notice]) -> None:
     for notice in notices:
         if isinstance(notice, Expired):
             _expired(ctl, notice)
-        else:  # Requeued: the policy cannot turn load yielding on (it is not in the GpuPolicy schema)
-            log.error("ignoring %s: the operator does not requeue jobs", notice)
+        else:
+            _requeued(ctl, notice)
 
 
 def _expired(ctl: Host, notice: Expired) -> None:
@@ -62,4 +68,17 @@ def _expired(ctl: Host, notice: Expired) -> None:
     if notice.lane is not None and notice.lane in ctl.lanes:
         ctl.status.lane_dirty(notice.lane)
         ctl.lanes[notice.lane].kick()
+    ctl.status.dirty = True
+
+
+def _requeued(ctl: Host, notice: Requeued) -> None:
+    view = ctl.jobs.get(notice.job.id)
+    if view is None or not ctl.jobs.holds(view, JobState.ASSIGNED):
+        return
+    ctl.jobs.requeue(view)
+    to = shown_in(view.namespace)(notice.to)
+    message = f"lane {notice.lane} stopped loading its model for {to}, which outscored it; it waits again"
+    ctl.spawn(ctl.writes.requeued(view, message))
+    if notice.lane in ctl.lanes:
+        ctl.status.lane_dirty(notice.lane)
     ctl.status.dirty = True
