@@ -36,6 +36,10 @@ class Conflict(Exception):
     """The object changed under us: a resourceVersion conflict or a failed JSON-patch ``test``."""
 
 
+class Fenced(Exception):
+    """This replica may not write: it does not (surely) hold the operator's Lease."""
+
+
 # A call that takes longer is abandoned (TimeoutError): the caller's retry sees fresh state.
 REQUEST_TIMEOUT = 10.0
 
@@ -97,6 +101,9 @@ class Kube:
         self.writes: collections.Counter[str] = collections.Counter()
         self._instance = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.on_write: Callable[[str], None] = lambda kind: None
+        # With leader election: whether a write may be sent now, and how long it may take (leader.py).
+        self.fence: Callable[[], bool] | None = None
+        self.write_timeout = timeout
 
     async def close(self) -> None:
         await self.api.close()  # type: ignore[no-untyped-call]
@@ -122,6 +129,9 @@ class Kube:
         return await self._call(fn, *args, **kwargs)
 
     async def _write(self, kind: str, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+        if self.fence is not None and not self.fence():
+            raise Fenced(f"not writing ({kind}): this replica does not hold the operator's Lease")
+        kwargs.setdefault("_request_timeout", self.write_timeout)
         tested = False
         if args and isinstance(args[-1], list):  # a JSON patch; the client would send a merge patch
             kwargs["_content_type"] = "application/json-patch+json"

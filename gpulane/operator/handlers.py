@@ -6,7 +6,10 @@ progress annotations on every GpuJob, an extra write per job and per change. Not
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 from typing import Any, cast
 
 import kopf
@@ -16,7 +19,7 @@ from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.resources import GROUP, VERSION
 from gpulane.kube.client import Kube
 from gpulane.kube.login import credentials
-from gpulane.operator import health
+from gpulane.operator import health, leader
 from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
@@ -38,13 +41,48 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         memo.controller = Controller(kube, Settings(**memo.settings))
     ctl: Controller = memo.controller
     if memo.get("health") is None:
-        memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: ctl.ready)
+        # A standby is ready too: it stands by, as it should (the leader's /readyz says the state is rebuilt).
+        memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: _ready(ctl, memo))
+    if memo.election is None:
+        ctl.metrics.leader.set(1)
+    elif memo.get("elected") is None:
+        memo.elected = await _elected(ctl, memo)
     await rebuild(ctl)
     ctl.start()
 
 
+def _ready(ctl: Controller, memo: kopf.Memo) -> bool:
+    """The leader once its state is rebuilt; a standby always (it stands by, as it should)."""
+    return ctl.ready or (memo.election is not None and not memo.get("leading", False))
+
+
+async def _elected(ctl: Controller, memo: kopf.Memo) -> asyncio.Task[None]:
+    """Stand by until this replica leads: until then it writes nothing, and then it rebuilds as after a
+    restart. Writes are fenced by the Lease from the start; losing it ends the process."""
+    election = memo.election
+    fence = leader.Fence()
+    ctl.kube.fence, ctl.kube.write_timeout = fence.open, election["timing"].write_timeout
+
+    def led() -> None:
+        memo.leading = True
+        ctl.metrics.leader.set(1)
+        ctl.metrics.leader_transitions.inc()
+
+    def lost() -> None:
+        memo.leading = False
+        ctl.metrics.leader.set(0)
+        ctl.metrics.leader_transitions.inc()
+        os.kill(os.getpid(), signal.SIGTERM)  # kopf's cleanup runs; the Deployment starts a standby again
+
+    log.info("standing by for the Lease %s/%s as %s", election["namespace"], leader.LEASE_NAME, election["identity"])
+    return await leader.campaign(ctl.kube.api, election["namespace"], election["identity"], election["timing"],
+                                 fence, led, lost)  # fmt: skip
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("elected") is not None:
+        memo.elected.cancel()
     ctl: Controller | None = memo.get("controller")
     if ctl is not None:
         await ctl.stop()

@@ -7,11 +7,15 @@ import dataclasses
 import importlib
 import logging
 import os
+import socket
+import uuid
+from typing import Any
 
 import kopf
 import uvloop
 
 from gpulane.admission.main import add_serving_arguments, serving_options
+from gpulane.operator.leader import Timing
 from gpulane.operator.settings import Settings
 
 
@@ -37,6 +41,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.status_writes_per_second,
         help="upper bound on queue-status writes (default %(default)s)",
     )
+    election = parser.add_argument_group("leader election (several replicas, one writing)")
+    election.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="lead through the Lease gpulane-operator before writing; stand by while another does",
+    )
+    election.add_argument(
+        "--leader-elect-namespace",
+        default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of the Lease (default: $POD_NAMESPACE, else --namespace)",
+    )
+    timing = Timing()
+    election.add_argument(
+        "--leader-elect-lease-seconds",
+        type=int,
+        default=timing.lease_seconds,
+        help="how long a Lease not renewed stays its holder's (default %(default)s)",
+    )
+    election.add_argument(
+        "--leader-elect-renew-deadline-seconds",
+        type=float,
+        default=timing.renew_deadline_seconds,
+        help="a leader that could not renew for this long stops writing (default %(default)s)",
+    )
+    election.add_argument("--leader-elect-retry-seconds", type=float, default=timing.retry_seconds,
+                          help="between renewals and acquire attempts (default %(default)s)")  # fmt: skip
     parser.add_argument("--webhook", action="store_true", help="also serve the admission webhook (gpulane webhook)")
     add_serving_arguments(parser, prefix="webhook-")
     parser.add_argument("--verbose", "-v", action="store_true")
@@ -61,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     settings.update(exact_positions=args.exact_positions, status_writes_per_second=args.status_writes_per_second)
     settings["namespace"] = args.namespace
     memo = kopf.Memo(
+        election=_election(args),
         namespace=args.namespace,
         kubeconfig=args.kubeconfig,
         host=args.host,
@@ -70,3 +101,16 @@ def run(args: argparse.Namespace) -> int:
     )
     uvloop.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))
     return 0
+
+
+def _election(args: argparse.Namespace) -> dict[str, Any] | None:
+    if not args.leader_elect:
+        return None
+    timing = Timing(args.leader_elect_lease_seconds, args.leader_elect_renew_deadline_seconds,
+                    args.leader_elect_retry_seconds)  # fmt: skip
+    try:
+        timing.check()
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    return {"namespace": args.leader_elect_namespace or args.namespace, "identity": identity, "timing": timing}

@@ -77,6 +77,10 @@ class Metrics:
             registry=r,
         )
         self.api_writes = Counter("gpulane_api_writes_total", "Writes to the Kubernetes API", ["kind"], registry=r)
+        self.leader = Gauge("gpulane_leader", "1 while this replica leads (the one that writes), else 0", registry=r)
+        self.leader_transitions = Counter(
+            "gpulane_leader_transitions_total", "Times this replica took the operator's Lease or lost it", registry=r
+        )
         self.job_failures = Counter(
             "gpulane_job_failures_total", "Jobs failed by gpulane, per reason", ["reason"], registry=r
         )
