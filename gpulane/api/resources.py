@@ -145,6 +145,8 @@ class GpuJobStatus(CamelModel):
     estimated_start: str | None = Field(default=None, json_schema_extra=_TIME)
     score: ScoreTerms | None = None
     waited: str | None = None
+    # When the operator first saw the job (to the millisecond): its place in arrival order, across restarts.
+    submitted_at: str | None = Field(default=None, json_schema_extra=_TIME)
     lane: str | None = None
     pod: str | None = None
     endpoint: str | None = None
@@ -326,6 +328,7 @@ KINDS: tuple[Kind, ...] = (
                 "message": "status.phase is final once Succeeded, Failed or Cancelled",
             },
             *(_written_once(field, requeue=field != "endpoint") for field in ("lane", "endpoint", "dispatchedAt")),
+            _written_once("submittedAt", requeue=False),
         ],
         columns=[
             _col("Phase", "string", ".status.phase"),

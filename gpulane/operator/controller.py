@@ -165,7 +165,8 @@ class Controller:
             self._cancel(view)
 
     def _admit(self, body: Body) -> None:
-        result = self.jobs.full(body, self.observed.pending_cap) or job_from_body(body, self.dispatcher.policy)
+        full = self.jobs.full(body, self.observed.pending_cap)
+        result = full or job_from_body(body, self.dispatcher.policy, self.clock())
         if isinstance(result, Refusal):
             self._refuse(body, result)
             return

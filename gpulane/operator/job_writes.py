@@ -38,6 +38,7 @@ def dispatched_fields(view: JobView, history: DispatchHistory, now: float) -> Bo
     """What a dispatched job's status says: its lane, score, story and Dispatched condition."""
     decision = view.decision
     fields: Body = {
+        "submittedAt": format_time(view.job.submitted_at),
         "lane": view.lane,
         "dispatchedAt": format_time(view.dispatched_at or now),
         "position": None,

@@ -154,7 +154,7 @@ def adopt(ctl: Host, body: Body) -> None:
         log.warning("not adopting %s: %s", job_key(body), why)
         ctl.spawn(ctl.writes.refuse(body, Refusal("NotDispatched", why)))
         return
-    result = job_from_body(body, None)  # no policy check: it runs already, whatever the policy now says
+    result = job_from_body(body, None, ctl.clock())  # no policy check: it runs already, whatever the policy now says
     if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
         log.error("cannot adopt %s: %s", job_key(body), result.message)
         return

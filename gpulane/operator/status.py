@@ -173,6 +173,7 @@ class StatusWriter:
             view.conditions = merge_condition(view.conditions, queued)
             status = job_status(
                 phase="Pending",
+                submittedAt=format_time(view.job.submitted_at),
                 reason=None,  # clears ModelNotFound once the model exists
                 message=None,
                 observedGeneration=view.generation,
@@ -191,7 +192,11 @@ class StatusWriter:
                     view.conditions, condition("Admitted", False, "ModelNotFound", message, now)
                 )
                 status = job_status(
-                    phase="Pending", reason="ModelNotFound", message=message, conditions=view.conditions
+                    phase="Pending",
+                    submittedAt=format_time(view.job.submitted_at),
+                    reason="ModelNotFound",
+                    message=message,
+                    conditions=view.conditions,
                 )
                 writes.append((view, JobState.PARKED, status, ("parked",)))
         for name, runner in host.lanes.items():

@@ -37,8 +37,21 @@ class Refusal:
     message: str
 
 
-def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
-    """The core job for a GpuJob, or why it cannot be queued under ``policy``.
+def submission_time(written: str | None, created: float | None, seen: float) -> float:
+    """When the job arrived, precisely and the same after any restart: what the operator wrote at first
+    sight (``status.submittedAt``), else the first sight itself (``seen``). ``creationTimestamp`` has 1-s
+    resolution, so jobs created in the same second would otherwise be ordered by name after a restart; the
+    time is kept inside that second, and to the millisecond, as it is written."""
+    at = parse_time(written)
+    if at is None:
+        at = round(seen, 3)
+    if created is None:
+        return at
+    return min(max(at, created), created + 0.999)
+
+
+def job_from_body(body: Body, policy: Policy | None, seen: float) -> Job | Refusal:
+    """The core job for a GpuJob first seen at ``seen``, or why it cannot be queued under ``policy``.
 
     Without a policy only the spec itself is checked: a job adopted after a restart keeps running
     even if the policy changed meanwhile.
@@ -56,14 +69,15 @@ def job_from_body(body: Body, policy: Policy | None) -> Job | Refusal:
         refusal = policy_refusal(policy, priority, spec.tier or DEFAULT_TIER)
         if refusal is not None:
             return refusal
-    submitted = parse_time(meta.get("creationTimestamp"))
+    created = parse_time(meta.get("creationTimestamp"))
+    submitted = submission_time((body.get("status") or {}).get("submittedAt"), created, seen)
     return Job(
         id=job_key(body),
         model=spec.model,
         priority=priority,
         tier=spec.tier or DEFAULT_TIER,
         member=spec.member or meta["namespace"],
-        submitted_at=submitted if submitted is not None else 0.0,
+        submitted_at=submitted,
         expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
         queue_timeout_seconds=None if spec.queue_timeout_seconds is None else float(spec.queue_timeout_seconds),
     )

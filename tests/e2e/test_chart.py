@@ -127,6 +127,12 @@ def test_the_chart_installs_gpulane_on_the_real_node(
                                            check=False)  # fmt: skip
                 raise AssertionError(f"{component} restarted; its previous log:\n{previous.stdout}{previous.stderr}")
 
+        # Two operator replicas: one holds the Lease (its identity starts with its pod's name), one stands by.
+        selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+        operators = [p.metadata.name for p in core_v1.list_namespaced_pod(namespace, label_selector=selector).items]
+        lease = json.loads(cluster.kubectl("get", "lease", "gpulane-operator", "-n", namespace, "-o", "json").stdout)
+        assert len(operators) == 2 and lease["spec"]["holderIdentity"].rsplit("-", 1)[0] in operators, lease
+
         # An upgrade keeps the webhook's certificate (looked up) and so its caBundle.
         def bundle() -> str:
             hooks = cluster.kubectl("get", "validatingwebhookconfiguration", fullname, "-o", "json").stdout
@@ -238,6 +244,8 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             ("create", "mutatingwebhookconfigurations"),
         ]:
             assert can_i(cluster, operator_sa, *denied) == "no", denied
+        assert can_i(cluster, operator_sa, "update", "leases/gpulane-operator", "-n", namespace) == "yes"
+        assert can_i(cluster, operator_sa, "update", "leases/someone-else", "-n", namespace) == "no"
         webhook_sa = f"system:serviceaccount:{namespace}:{fullname}-webhook"
         assert can_i(cluster, webhook_sa, "patch", "gpujobs.gpulane.io", "-A") == "no"
         assert can_i(cluster, webhook_sa, "list", "pods", "-A") == "no"

@@ -35,7 +35,7 @@ def body(spec: object, *, name: str = "job-1", namespace: str = "team-a", create
 
 
 def refusal(spec: object, policy: Policy | None = None) -> Refusal:
-    result = job_from_body(body(spec), policy or Policy())
+    result = job_from_body(body(spec), policy or Policy(), T0)
     assert isinstance(result, Refusal), f"expected a refusal, got {result!r}"
     return result
 
@@ -45,7 +45,7 @@ def refusal(spec: object, policy: Policy | None = None) -> Refusal:
 
 def test_valid_body_becomes_a_core_job():
     spec = {"model": "llama-3.1-8b", "priority": "interactive", "tier": "pro", "member": "alice"}
-    job = job_from_body(body(spec), Policy())
+    job = job_from_body(body(spec), Policy(), T0)
     assert job == Job(
         id="team-a/job-1",
         model="llama-3.1-8b",
@@ -75,14 +75,14 @@ def test_job_key_is_namespace_slash_name():
     ],
 )
 def test_priority_aliases_and_integer_strings_are_resolved(priority, expected):
-    job = job_from_body(body({"model": "m", "priority": priority}), Policy())
+    job = job_from_body(body({"model": "m", "priority": priority}), Policy(), T0)
     assert isinstance(job, Job)
     assert job.priority == expected
     assert isinstance(job.priority, int)
 
 
 def test_defaults_priority_zero_tier_free_and_member_is_the_namespace():
-    job = job_from_body(body({"model": "m"}, namespace="research"), Policy())
+    job = job_from_body(body({"model": "m"}, namespace="research"), Policy(), T0)
     assert isinstance(job, Job)
     assert job.priority == 0
     assert job.tier == "free"
@@ -90,46 +90,59 @@ def test_defaults_priority_zero_tier_free_and_member_is_the_namespace():
 
 
 def test_explicit_member_wins_over_the_namespace():
-    job = job_from_body(body({"model": "m", "member": "bob"}, namespace="research"), Policy())
+    job = job_from_body(body({"model": "m", "member": "bob"}, namespace="research"), Policy(), T0)
     assert isinstance(job, Job)
     assert job.member == "bob"
 
 
-def test_submitted_at_comes_from_the_creation_timestamp():
-    job = job_from_body(body({"model": "m"}, created="2024-05-01T12:00:30Z"), Policy())
-    assert isinstance(job, Job)
-    assert job.submitted_at == T0 + 30
+def test_submitted_at_is_the_first_sight_inside_the_creation_second_to_the_millisecond():
+    created = body({"model": "m"}, created="2024-05-01T12:00:30Z")
+    for seen, expected in [(T0 + 30.4567, T0 + 30.457), (T0 + 95.0, T0 + 30.999), (T0 + 29.0, T0 + 30)]:
+        job = job_from_body(created, Policy(), seen)
+        assert isinstance(job, Job)
+        assert job.submitted_at == pytest.approx(expected), seen
 
 
-def test_submitted_at_is_zero_without_a_creation_timestamp():
-    job = job_from_body(body({"model": "m"}, created=None), Policy())
+def test_a_written_submitted_at_wins_over_the_first_sight():
+    """Issue 17: after a restart, two jobs of the same second keep the order the live operator gave them."""
+    written = {
+        **body({"model": "m"}, created="2024-05-01T12:00:30Z"),
+        "status": {"submittedAt": "2024-05-01T12:00:30.250Z"},
+    }
+    job = job_from_body(written, Policy(), T0 + 500)
     assert isinstance(job, Job)
-    assert job.submitted_at == 0.0
+    assert job.submitted_at == pytest.approx(T0 + 30.25)
+
+
+def test_without_a_creation_timestamp_the_first_sight_is_the_submission():
+    job = job_from_body(body({"model": "m"}, created=None), Policy(), T0 + 1.5)
+    assert isinstance(job, Job)
+    assert job.submitted_at == T0 + 1.5
 
 
 def test_expected_run_seconds_is_carried_as_a_float():
-    job = job_from_body(body({"model": "m", "expectedRunSeconds": 90}), Policy())
+    job = job_from_body(body({"model": "m", "expectedRunSeconds": 90}), Policy(), T0)
     assert isinstance(job, Job)
     assert job.expected_run_seconds == 90.0
     assert isinstance(job.expected_run_seconds, float)
 
 
 def test_expected_run_seconds_zero_is_kept_not_dropped():
-    job = job_from_body(body({"model": "m", "expectedRunSeconds": 0}), Policy())
+    job = job_from_body(body({"model": "m", "expectedRunSeconds": 0}), Policy(), T0)
     assert isinstance(job, Job)
     assert job.expected_run_seconds == 0.0
 
 
 def test_tier_known_only_to_a_custom_policy_is_accepted():
     policy = Policy.model_validate({"tierBonus": {"free": 0, "gold": 5}})
-    job = job_from_body(body({"model": "m", "tier": "gold"}), policy)
+    job = job_from_body(body({"model": "m", "tier": "gold"}), policy, T0)
     assert isinstance(job, Job)
     assert job.tier == "gold"
 
 
 def test_priority_inside_custom_bounds_is_accepted():
     policy = Policy.model_validate({"priorityBounds": {"min": -5000, "max": 5000}})
-    job = job_from_body(body({"model": "m", "priority": 5000}), policy)
+    job = job_from_body(body({"model": "m", "priority": 5000}), policy, T0)
     assert isinstance(job, Job)
     assert job.priority == 5000
 
@@ -145,7 +158,7 @@ def test_missing_model_is_an_invalid_spec_naming_the_field():
 
 
 def test_missing_spec_is_an_invalid_spec_naming_the_model():
-    r = job_from_body({"metadata": {"name": "j", "namespace": "ns"}}, Policy())
+    r = job_from_body({"metadata": {"name": "j", "namespace": "ns"}}, Policy(), T0)
     assert isinstance(r, Refusal)
     assert r.reason == "InvalidSpec"
     assert "spec.model" in r.message
@@ -229,7 +242,7 @@ def test_priority_is_checked_before_the_tier():
 
 
 def test_boolean_priority_is_refused_like_resolve_priority_refuses_it():
-    result = job_from_body(body({"model": "m", "priority": True}), Policy())
+    result = job_from_body(body({"model": "m", "priority": True}), Policy(), T0)
     assert isinstance(result, Refusal)
     assert result.reason in ("InvalidSpec", "InvalidPriority")
 

@@ -77,7 +77,7 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpulane.operator.serv
 {{- default (printf "%s-keys" (include "gpulane.bridge.fullname" .)) .Values.bridge.keys.existingSecret }}
 {{- end }}
 
-{{/* Pod-level settings shared by every component: (dict "ctx" $ "values" .Values.operator). */}}
+{{/* Pod-level settings shared by every component: (dict "ctx" $ "values" .Values.operator "component" "operator"). */}}
 {{- define "gpulane.podCommon" -}}
 {{- with .ctx.Values.imagePullSecrets }}
 imagePullSecrets:
@@ -93,9 +93,20 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .values.affinity }}
+{{- if .values.affinity }}
 affinity:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml .values.affinity | nindent 2 }}
+{{- else if gt (int (.values.replicas | default 1)) 1 }}
+# Replicas on different nodes where there are several (preferred: one node still runs them all).
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "gpulane.selectorLabels" (dict "ctx" .ctx "component" .component) | nindent 14 }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,40 @@
+"""Precise arrival order across restarts (issue 17): creationTimestamp has 1-s resolution, so jobs created
+in the same second used to be ordered by name after a restart. The operator writes when it first saw each
+job (status.submittedAt, to the millisecond) and a restarted operator orders them by it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpulane.operator.controller import Controller
+from gpulane.operator.rebuild import rebuild
+from gpulane.operator.settings import Settings
+
+from .test_operator_controller import NS, SYSTEM, T0, World, no_lane_loops  # noqa: F401 (the autouse fixture)
+
+
+def dispatch_order(w: World, ctl: Controller) -> list[str]:
+    """The waiting jobs in the order the core would dispatch them."""
+    return [job.id.removeprefix(f"{NS}/") for job in sorted(ctl.dispatcher.ranking.pending(),
+            key=lambda j: -ctl.dispatcher.ranking.breakdown(j, "m", w.clock()).total)]  # fmt: skip
+
+
+def test_jobs_of_the_same_second_keep_their_arrival_order_after_a_restart():
+    async def scenario() -> None:
+        w = World()
+        await w.warm("busy")
+        # "zulu" arrives first, "alpha" 300 ms later, both created in the second T0 + 10.
+        w.clock.now = T0 + 10.1
+        w.submit("zulu", created=T0 + 10)
+        w.clock.now = T0 + 10.4
+        w.submit("alpha", created=T0 + 10)
+        await w.ctl.status.flush()
+        assert dispatch_order(w, w.ctl) == ["zulu", "alpha"]
+        assert w.kube.job("zulu")["status"]["submittedAt"] == "2024-05-01T12:00:10.100Z"
+
+        w.clock.now = T0 + 60
+        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        await rebuild(again)
+        assert dispatch_order(w, again) == ["zulu", "alpha"], "the restart reordered jobs of the same second"
+
+    asyncio.run(scenario())
