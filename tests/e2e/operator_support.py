@@ -58,12 +58,19 @@ class GpulaneProcess:
         raise NotImplementedError
 
     def start(self) -> Self:
+        return self.launch().wait_ready()
+
+    def launch(self) -> Self:
+        """Start the process without waiting for it: several launched together start in parallel."""
         argv = [str(REPO / ".venv" / "bin" / "gpulane"), *self.argv()]
         if self.uses_cluster:
             argv += ["--kubeconfig", str(self.cluster.kubeconfig)]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([*argv, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
         log.close()
+        return self
+
+    def wait_ready(self) -> Self:
         try:
             wait_until(self._ready, timeout=60, what=f"{self.name} ready on port {self.port}")
         except AssertionError as err:

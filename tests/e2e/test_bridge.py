@@ -58,15 +58,17 @@ class Setup:
 def setup(cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path) -> Iterator[Setup]:
     model = world.model("chat", ready_delay="1s")
     lane = world.lane()
-    backend = FakeBackendProcess(cluster, tmp_path, "--model", model, "--chunks", "6", "--chunk-delay", "0.2").start()
+    backend = FakeBackendProcess(cluster, tmp_path, "--model", model, "--chunks", "6", "--chunk-delay", "0.2").launch()
     keys = tmp_path / "keys.yaml"
     keys.write_text(yaml.safe_dump({"keys": [
         {"name": "app", "key": APP_KEY, "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True},
         {"name": "bob", "key": USER_KEY, "member": "bob", "maxPriority": 0},
     ]}))  # fmt: skip
     bridge = BridgeProcess(cluster, tmp_path, world.namespace, keys, "--endpoint", f"{model}={backend.url}",
-                           "--lease-seconds", "3").start()  # fmt: skip
+                           "--lease-seconds", "3").launch()  # fmt: skip
     try:
+        backend.wait_ready()  # the two start side by side
+        bridge.wait_ready()
         yield Setup(world, bridge, backend, model, lane)
     finally:
         bridge.stop()

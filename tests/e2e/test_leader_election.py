@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,71 +30,63 @@ def holder(cluster: Cluster) -> str:
     return str(json.loads(lease)["spec"]["holderIdentity"])
 
 
-@pytest.fixture
-def replicas(cluster: Cluster, operator: OperatorProcess, tmp_path: Path) -> Iterator[list[OperatorProcess]]:
-    """The suite's operator steps aside for two electing replicas; the first one started leads."""
-    operator.stop()
+def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_to_write(
+    cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """One run, three replicas: A leads and B stands by; A is SIGKILLed and B leads and dispatches; C
+    stands by; B is paused (SIGSTOP: no renewal, as partitioned) and C leads; B wakes (SIGCONT) with stale
+    state and a Lease long gone: every write it tries is refused before it is sent, and it exits."""
+    operator.stop()  # the suite's operator steps aside for electing replicas
     cluster.kubectl("delete", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
-    first = OperatorProcess(cluster, tmp_path, *ELECTION).start()
-    wait_until(lambda: leads(first), what="the first replica to lead")
-    second = OperatorProcess(cluster, tmp_path, *ELECTION).start()
+    replicas: list[OperatorProcess] = []
+
+    def replica() -> OperatorProcess:
+        replicas.append(proc := OperatorProcess(cluster, tmp_path, *ELECTION).start())
+        return proc
+
     try:
-        yield [first, second]
+        a = replica()
+        wait_until(lambda: leads(a), what="the first replica to lead")
+        b = replica()
+        assert not leads(b) and b.ready(), "a standby is ready, and does not lead"
+        assert not any(k.startswith("gpulane_api_writes_total") and v for k, v in b.metrics().items())
+        lane, model = world.lane(), world.model("m")
+        world.job("first", model)
+        world.wait_phase("first", "Running")
+        world.job("second", model)  # waits for the lane's one slot
+
+        a.kill()
+        killed = time.monotonic()
+        world.complete("first")
+        running = world.wait_phase("second", "Running", timeout=60)
+        took = time.monotonic() - killed
+        assert running["lane"] == lane
+        assert leads(b) and f"as {holder(cluster)}" in b.log_path.read_text()
+        print(f"from the leader's SIGKILL to the next Running write: {took:.1f}s (Lease 4 s)")
+        assert took < 4 + 10, f"the standby took {took:.1f}s to dispatch"
+        assert b.metrics()["gpulane_leader_transitions_total"] == 1.0
+
+        c = replica()
+        assert b.proc is not None
+        b.proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: leads(c), timeout=30, what="the third replica to lead")
+        world.complete("second")
+        world.job("third", model)
+        world.wait_phase("third", "Running", timeout=30)
+        b.proc.send_signal(signal.SIGCONT)  # it wakes with a Lease long expired and stale state
+        b.proc.wait(timeout=30)
+        log = b.log_path.read_text()
+        assert "lost the Lease" in log, b.log_tail()
+        # It woke with work to write (its lane's status, the job it thought was running): every write was
+        # refused before it was sent, and the world is as the new leader left it.
+        assert "not writing" in log, b.log_tail()
+        assert world.status("third")["phase"] == "Running" and world.status("second")["phase"] == "Succeeded"
+        assert leads(c)
+        world.complete("third")
     finally:
-        for proc in (first, second):
+        for proc in replicas:
             if proc.proc is not None and proc.proc.poll() is None:
                 proc.proc.send_signal(signal.SIGCONT)
             proc.stop()
         cluster.kubectl("delete", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
-        operator.start()
-
-
-def test_the_standby_writes_nothing_then_leads_and_dispatches_when_the_leader_dies(
-    world: World, replicas: list[OperatorProcess]
-) -> None:
-    first, second = replicas
-    assert not leads(second) and second.ready(), "a standby is ready, and does not lead"
-    assert not any(k.startswith("gpulane_api_writes_total") and v for k, v in second.metrics().items())
-    lane, model = world.lane(), world.model("m")
-    world.job("first", model)
-    world.wait_phase("first", "Running")
-    world.job("second", model)  # waits for the lane's one slot
-
-    first.kill()
-    killed = time.monotonic()
-    world.complete("first")
-    running = world.wait_phase("second", "Running", timeout=60)
-    took = time.monotonic() - killed
-    assert running["lane"] == lane
-    assert leads(second) and f"as {holder(world.cluster)}" in second.log_path.read_text()
-    print(f"from the leader's SIGKILL to the next Running write: {took:.1f}s (Lease 4 s)")
-    assert took < 4 + 10, f"the standby took {took:.1f}s to dispatch"
-    transitions = second.metrics()["gpulane_leader_transitions_total"]
-    assert transitions == 1.0, transitions
-
-
-def test_a_paused_leader_stops_writing_and_exits_once_the_standby_leads(
-    world: World, replicas: list[OperatorProcess]
-) -> None:
-    first, second = replicas
-    model = world.model("m")
-    world.lane()
-    world.job("first", model)
-    world.wait_phase("first", "Running")
-    assert first.proc is not None
-    first.proc.send_signal(signal.SIGSTOP)  # as partitioned: no renewal, no write
-    wait_until(lambda: leads(second), timeout=30, what="the standby to lead")
-    world.complete("first")
-    world.job("second", model)
-    world.wait_phase("second", "Running", timeout=30)
-
-    first.proc.send_signal(signal.SIGCONT)  # it wakes with a Lease long expired and stale state
-    first.proc.wait(timeout=30)
-    log = first.log_path.read_text()
-    assert "lost the Lease" in log, first.log_tail()
-    # It woke with work to write (its lane's status, the job it thought was running): every write was
-    # refused before it was sent.
-    assert "not writing" in log, first.log_tail()
-    # Whatever it tried after waking was refused before it was sent, and the world is as the new leader left it.
-    assert world.status("second")["phase"] == "Running" and world.status("first")["phase"] == "Succeeded"
-    assert leads(second)
+        operator.start()  # the world's cleanup needs an operator (finalizers)
