@@ -161,9 +161,10 @@ class ManifestExecutor:
         it anywhere, and the answer would land in the job's ConfigMap."""
         if not isinstance(lane, str) or not lane:
             raise NoBackend("the job runs on no lane")
-        where = f"{self.backend_namespace}/{pod_name(lane)}"
+        name = pod_name(lane)
+        where = f"{self.backend_namespace}/{name}"
         try:
-            body = await self.kube.get_pod(pod_name(lane), self.backend_namespace)
+            body = await self.kube.get_pod(name, self.backend_namespace)
         except Gone:
             raise NoBackend(f"lane {lane} has no backend pod {where}") from None
         pod, port = pod_state(body), http_port(body)

@@ -127,33 +127,6 @@ class FencedLeaseLock(LeaseLock):
         return await self._held(super().update(name, namespace, updated_record))
 
 
-async def elect(
-    api: ApiClient,
-    namespace: str,
-    identity: str,
-    timing: Timing,
-    fence: Fence,
-    on_lead: Callable[[], None],
-    on_lost: Callable[[], None],
-) -> None:
-    """Campaign for the Lease until it is won, call ``on_lead``, keep renewing it; once a renewal fails
-    for the renew deadline, close the fence and call ``on_lost``. Runs until then."""
-    lock = FencedLeaseLock(LEASE_NAME, namespace, identity, api, fence, timing)
-
-    async def started() -> None:
-        log.info("%s leads (Lease %s/%s)", identity, namespace, LEASE_NAME)
-        on_lead()
-        await asyncio.Event().wait()  # cancelled by the library when the Lease is lost
-
-    async def stopped() -> None:
-        fence.close()
-        log.error("%s lost the Lease %s/%s: it stops writing and exits", identity, namespace, LEASE_NAME)
-        on_lost()
-
-    config = Config(lock, timing.lease_seconds, timing.renew_deadline_seconds, timing.retry_seconds, started, stopped)
-    await LeaderElection(config).run()
-
-
 async def campaign(
     api: ApiClient,
     namespace: str,
@@ -163,14 +136,25 @@ async def campaign(
     on_lead: Callable[[], None],
     on_lost: Callable[[], None],
 ) -> asyncio.Task[None]:
-    """Start the election and return once this replica leads; the returned task keeps the Lease."""
+    """Campaign for the Lease and return once this replica leads (``on_lead`` called). The returned task
+    keeps renewing it; once a renewal fails for the renew deadline, it closes the fence and calls
+    ``on_lost``."""
+    lock = FencedLeaseLock(LEASE_NAME, namespace, identity, api, fence, timing)
     leading = asyncio.Event()
 
-    def led() -> None:
+    async def started() -> None:
+        log.info("%s leads (Lease %s/%s)", identity, namespace, LEASE_NAME)
         on_lead()
         leading.set()
+        await asyncio.Event().wait()  # cancelled by the library when the Lease is lost
 
-    task = asyncio.create_task(elect(api, namespace, identity, timing, fence, led, on_lost))
+    async def stopped() -> None:
+        fence.close()
+        log.error("%s lost the Lease %s/%s: it stops writing and exits", identity, namespace, LEASE_NAME)
+        on_lost()
+
+    config = Config(lock, timing.lease_seconds, timing.renew_deadline_seconds, timing.retry_seconds, started, stopped)
+    task = asyncio.create_task(LeaderElection(config).run())
     waiting = asyncio.create_task(leading.wait())
     await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
     waiting.cancel()
