@@ -1,8 +1,8 @@
 """The webhook configurations for gpulane's admission handlers, built as plain manifests.
 
-``failurePolicy: Fail`` everywhere: with the webhook down, no GpuJob can bypass the caps and no broken
-GpuPolicy can be stored; the price is that nobody can create jobs until it is back (see
-docs/admission.md).
+``failurePolicy: Fail``: with the webhook down, no GpuJob can bypass the caps and no broken GpuPolicy can
+be stored; the price is that nobody can create jobs until it is back. The status hook alone is
+``Ignore``, so executors' outcomes still land and lanes free (see docs/admission.md).
 """
 
 from __future__ import annotations
@@ -118,6 +118,7 @@ def webhook_configurations(
         validate_status = _webhook(VALIDATE_STATUS, "gpujobs/status", ["UPDATE"], "Namespaced", cc(VALIDATE_STATUS),
                                    namespace_selector)  # fmt: skip
         validate_status["matchConditions"] = [STATUS_CHANGED, _not_by(operators)]
+        validate_status["failurePolicy"] = "Ignore"  # the CRD's rules still hold without it
         hooks.append(validate_status)
     hooks.append(_webhook(VALIDATE_POLICY, "gpupolicies", ["CREATE", "UPDATE"], "Cluster", cc(VALIDATE_POLICY), None))
     validating = {

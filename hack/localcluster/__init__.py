@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import host, images, node
 from .cli import main
-from .cluster import down, release, running, status, up, users
+from .cluster import down, release, restart, running, status, up, users
 from .control_plane import component_health, ensure_gpu_node, gpu_node_manifest, node_ready
 from .errors import ClusterError, Log
 from .health import api_request, http_get, wait_for
@@ -70,6 +70,7 @@ __all__ = [
     "node_ready",
     "proc_alive",
     "release",
+    "restart",
     "running",
     "start_process",
     "status",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .cluster import down, status, up
+from .cluster import down, restart, status, up
 from .errors import ClusterError, stderr_log
 from .images import build_images
 from .layout import Layout, default_state_dir, tools_bindir
@@ -18,6 +18,9 @@ kube-proxy), built from the pinned Go modules in hack/tools (see docs/developmen
     python hack/gpulane_cluster.py down     stop exactly the processes `up` started, remove the state
     python hack/gpulane_cluster.py env      print `export KUBECONFIG=...` and the tools' PATH
     python hack/gpulane_cluster.py images   build the real node's images (cached by content)
+    python hack/gpulane_cluster.py restart COMPONENT [--graceful]
+                                            SIGKILL one component (etcd, kube-apiserver, kubelet,
+                                            containerd, ...) and start it again, as a chaos run does
 
 Environment:
     GPULANE_CLUSTER_DIR        state directory (default ${XDG_STATE_HOME:-~/.local/state}/gpulane/cluster)
@@ -31,7 +34,9 @@ Environment:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "env", "images"])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "images", "restart"])
+    parser.add_argument("component", nargs="?", help="for restart: the component to restart")
+    parser.add_argument("--graceful", action="store_true", help="for restart: SIGTERM instead of SIGKILL")
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -44,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
             ok, text = status()
             print(text)
             return 0 if ok else 1
+        elif args.command == "restart":
+            if not args.component:
+                parser.error("restart needs the component, e.g. `restart kube-apiserver`")
+            seconds = restart(args.component, crash=not args.graceful)
+            print(f"{args.component} restarted; the cluster was healthy again after {seconds:.1f}s")
         elif args.command == "images":
             build_images(stderr_log)
         else:

@@ -1,10 +1,11 @@
 """The cluster's life cycle: `up` (start, or reuse a healthy one), `release` (a user leaves), `down`,
-`running` and `status`."""
+`running`, `status`, and `restart` of one component (for chaos runs)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -304,6 +305,56 @@ def down(log: Log = stderr_log, state_dir: Path | None = None) -> bool:
         _teardown(layout, info_from_record(layout, rec), log)
         log(f"cluster stopped; removed {layout.state}")
         return True
+
+
+def restart(component: str, state_dir: Path | None = None, crash: bool = True, timeout: float = 180.0) -> float:
+    """Stop one component of the running cluster and start it again with the same command line, as a
+    supervisor would: SIGKILL when ``crash`` (a crash or an OOM kill), else SIGTERM. Returns the seconds
+    from the stop until every component is healthy again. The kubelet gets the real-node lock back."""
+    layout = Layout(state_dir or default_state_dir())
+    with locked(layout.state):
+        rec = load_record(layout)
+        if rec is None:
+            raise ClusterError(f"no cluster at {layout.state}; start one with `make cluster-up`")
+        info = info_from_record(layout, rec)
+        index = next((i for i, p in enumerate(info.procs) if p.component == component), None)
+        if index is None:
+            names = ", ".join(p.component for p in info.procs)
+            raise ClusterError(f"{component!r} is not a process of this cluster; it runs {names}")
+        old = info.procs[index]
+        started = time.monotonic()
+        if crash and proc_alive(old):
+            os.kill(old.pid, signal.SIGKILL)
+        stop_process(old)  # waits until it is gone (SIGTERM first unless killed already)
+        lock_fd = _reclaim(layout.state) if component == "kubelet" else -1  # it held the lock
+        try:
+            info.procs[index] = start_process(component, old.argv, Path(old.log), (lock_fd,) if lock_fd >= 0 else ())
+        finally:
+            if lock_fd >= 0:
+                os.close(lock_fd)
+        save_record(layout, info)
+        if info.real_node:
+            host.add_procs(info.procs)
+    wait_for(f"the cluster healthy after restarting {component}", lambda: _all_healthy(info, layout), timeout,
+             info.procs[index], 0.2)  # fmt: skip
+    return time.monotonic() - started
+
+
+def _reclaim(state: Path, seconds: float = 10.0) -> int:
+    """The real-node lock, once the stopped kubelet's children have let go of it too."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return host.claim(state)
+        except ClusterError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _all_healthy(info: ClusterInfo, layout: Layout) -> tuple[bool, str]:
+    ok, health = _health(info, layout)
+    return ok, "; ".join(f"{comp}: {detail}" for comp, (good, detail) in health.items() if not good)
 
 
 def running(state_dir: Path | None = None) -> ClusterInfo | None:

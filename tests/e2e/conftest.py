@@ -117,12 +117,30 @@ def crds(cluster: Cluster, core_v1: client.CoreV1Api) -> None:
     cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
 
 
-@pytest.fixture
-def operator(cluster: Cluster, crds: None, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """``gpulane operator`` as its own process, Ready; stopped after the test (its log is in tmp_path)."""
-    proc = OperatorProcess(cluster, tmp_path).start()
+@pytest.fixture(scope="session")
+def shared_operator(
+    cluster: Cluster, crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The session's one ``gpulane operator`` (started by ``operator``), as a cluster runs one for all its
+    tenants. Tests stay apart by their own namespaces, nodes, lanes and models."""
+    proc = OperatorProcess(cluster, tmp_path_factory.mktemp("operator"))
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def operator(shared_operator: OperatorProcess) -> OperatorProcess:
+    """The shared operator, Ready. A test may kill, stop or restart it; the next test gets it running again.
+    Its log is ``operator.log_path``."""
+    if not shared_operator.running():
+        shared_operator.start()
+    return shared_operator
+
+
+@pytest.fixture
+def no_operator(shared_operator: OperatorProcess) -> None:
+    """No operator on the host while the test runs (one that runs its own, e.g. the chart's)."""
+    shared_operator.stop()
 
 
 @pytest.fixture

@@ -87,6 +87,9 @@ class GpulaneProcess:
         except OSError:
             return False
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def kill(self) -> None:
         """SIGKILL: no cleanup handlers run, exactly like a node failure or an OOM kill."""
         assert self.proc is not None
@@ -94,7 +97,8 @@ class GpulaneProcess:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running():
+            assert self.proc is not None
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=15)

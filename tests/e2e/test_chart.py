@@ -2,10 +2,10 @@
 real kubelet node: the operator, webhook and bridge run from the project image with only the chart's RBAC.
 
 The chart's operator acts on every GpuLane of the cluster (as every gpulane operator does), so this file
-must not run beside another operator: the suite runs its tests one after another, and no test here uses
-the ``operator`` fixture. The webhook configurations select only this test's namespace, and everything is
-removed in a ``finally`` even when the test fails: a dangling configuration with ``failurePolicy: Fail``
-would break every later test.
+must not run beside another operator: the suite runs its tests one after another, and the test that
+installs it stops the session's operator first (``no_operator``). The webhook configurations select only
+this test's namespace, and everything is removed in a ``finally`` even when the test fails: a dangling
+configuration with ``failurePolicy: Fail`` would break every later test.
 """
 
 from __future__ import annotations
@@ -85,7 +85,12 @@ def remove_release(cluster: Cluster, namespace: str, release: str, fullname: str
 
 
 def test_the_chart_installs_gpulane_on_the_real_node(
-    cluster: Cluster, api_client: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path
+    cluster: Cluster,
+    api_client: client.ApiClient,
+    core_v1: client.CoreV1Api,
+    namespace: str,
+    tmp_path: Path,
+    no_operator: None,
 ) -> None:
     if not cluster.info.real_node:
         raise AssertionError("this test needs the real node gpu-0; the cluster runs with GPULANE_NODE=kwok")

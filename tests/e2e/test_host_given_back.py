@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from .operator_support import OperatorProcess
 from .support import Cluster, localcluster, wait_until
 
 # Away from the session's cluster (16000) and the lifecycle tests' (27000, 28000).
@@ -71,8 +72,9 @@ class Stopped:
 
 
 @pytest.fixture(scope="module")
-def stopped(cluster: Cluster) -> Iterator[Stopped]:
+def stopped(cluster: Cluster, shared_operator: OperatorProcess) -> Iterator[Stopped]:
     """Stop the session's cluster once this session is its only user, so that these tests may take the host."""
+    shared_operator.stop()
     assert cluster.info.real_node, "the cluster runs without the real node (GPULANE_NODE=kwok)"
     wait_until(
         lambda: localcluster.users(cluster.info.state_dir) in ([], [os.getpid()]),

@@ -231,17 +231,18 @@ def test_operator_restart_adopts_the_running_job(world: World, operator: Operato
 
 
 def test_metrics_and_health(world: World, operator: OperatorProcess) -> None:
+    dispatches, writes = 'gpulane_dispatches_total{band="100"}', 'gpulane_api_writes_total{kind="job-status"}'
+    before = operator.metrics()  # the session's operator: earlier tests' counts are in it
     world.lane()
     sdxl = world.model("sdxl")
     world.job("one", sdxl, priority="interactive")
     world.wait_phase("one", "Running")
     assert operator.get("/healthz")[0] == 200 and operator.get("/readyz")[0] == 200
     samples = wait_until(
-        lambda: (m := operator.metrics()).get('gpulane_dispatches_total{band="100"}') and m,
-        what="a dispatch counted in /metrics",
+        lambda: (m := operator.metrics()).get(dispatches, 0) > before.get(dispatches, 0) and m,
+        what="this test's dispatch counted in /metrics",
     )
-    assert samples['gpulane_dispatches_total{band="100"}'] >= 1
-    assert samples['gpulane_api_writes_total{kind="job-status"}'] >= 1
+    assert samples[writes] > before.get(writes, 0)
     assert any(k.startswith("gpulane_wait_seconds_bucket{band=") for k in samples)
 
 
@@ -286,13 +287,17 @@ def test_every_metric_of_the_grafana_dashboard_is_exported(world: World, operato
         for name in re.findall(r"gpulane_[a-z_]+", target["expr"])
     }
     assert len(used) >= 10
+
     # A dispatch and a load, so that every histogram and labelled counter has a sample.
+    def loads() -> float:
+        return sum(v for k, v in operator.metrics().items() if k.startswith("gpulane_model_load_seconds_count"))
+
+    before = loads()
     world.lane()
     world.job("one", world.model("sdxl"), priority="interactive")
     world.wait_phase("one", "Running")
     world.complete("one")
-    wait_until(lambda: any(k.startswith("gpulane_model_load_seconds") for k in operator.metrics()),
-               what="metrics after a dispatch")  # fmt: skip
+    wait_until(lambda: loads() > before, what="this test's load counted in /metrics")
     # Declared families count: a labelled counter has no sample until its first label value.
     family = re.compile(r"_(total|bucket|sum|count)$")
     typed = re.findall(r"^# TYPE (gpulane_[a-z_]+) ", operator.get("/metrics")[1], re.MULTILINE)

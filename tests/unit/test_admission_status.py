@@ -95,7 +95,7 @@ def test_the_status_hook_is_configured_only_with_the_operators_identity() -> Non
     assert hook["rules"][0]["resources"] == ["gpujobs/status"]
     assert hook["rules"][0]["operations"] == ["UPDATE"]
     assert hook["namespaceSelector"] == {"matchLabels": {"t": "x"}}
-    assert hook["failurePolicy"] == "Fail"
+    assert hook["failurePolicy"] == "Ignore"  # outcomes land while the webhook is down; the CRD rules hold
     assert [c["name"] for c in hook["matchConditions"]] == ["status-changed", "not-the-operator"]
     assert hook["matchConditions"][1]["expression"] == f'!(request.userInfo.username in ["{OPERATOR}"])'
 

@@ -1,0 +1,115 @@
+"""The chaos run's checker (bench/checker.py) on made-up histories: each promise it guards is broken once."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from checker import Fault, Record
+
+
+def job(name: str, phase: str | None = None, lane: str | None = None) -> dict[str, Any]:
+    status = {k: v for k, v in (("phase", phase), ("lane", lane)) if v}
+    return {"metadata": {"name": name}, "status": status}
+
+
+def pod(name: str, lane: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "annotations": {"gpulane.io/lane": lane}}}
+
+
+def event(name: str, job_name: str, reason: str, count: int = 1) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "involvedObject": {"kind": "GpuJob", "name": job_name}, "reason": reason,
+            "count": count}  # fmt: skip
+
+
+def record() -> Record:
+    return Record(capacity=lambda lane: 2 if lane == "wide" else 1)
+
+
+def test_a_clean_history_breaks_nothing() -> None:
+    r = record()
+    for t, phase in enumerate(["Pending", "Dispatching", "Running", "Succeeded"]):
+        r.job(t, "MODIFIED", job("a", phase, "l" if phase != "Pending" else None))
+    r.event(1, "ADDED", event("a.1", "a", "Dispatched"))
+    r.event(1.5, "MODIFIED", event("a.1", "a", "Dispatched"))  # the same Event again is no second dispatch
+    assert r.broken == [] and r.unfinished(["a"]) == {}
+    assert r.dispatch_times == [1]
+
+
+def test_a_terminal_phase_that_changes_is_reported() -> None:
+    r = record()
+    r.job(0, "ADDED", job("a", "Failed"))
+    r.job(1, "MODIFIED", job("a", "Running", "l"))
+    assert r.broken == ["a went from Failed to Running at 1.0"]
+
+
+def test_more_active_jobs_than_a_lane_allows_are_reported() -> None:
+    r = record()
+    r.job(0, "ADDED", job("a", "Running", "narrow"))
+    r.job(1, "ADDED", job("b", "Dispatching", "narrow"))
+    r.job(2, "ADDED", job("c", "Running", "wide"))
+    r.job(3, "ADDED", job("d", "Running", "wide"))
+    assert r.broken == ["lane narrow held 2 active jobs at 1.0 (allows 1)"]
+
+
+def test_two_backend_pods_on_a_lane_are_reported_and_a_deleted_one_is_not_counted() -> None:
+    r = record()
+    r.pod(0, "ADDED", pod("p1", "l"))
+    r.pod(1, "DELETED", pod("p1", "l"))
+    r.pod(2, "ADDED", pod("p2", "l"))
+    assert r.broken == []
+    r.pod(3, "ADDED", pod("p3", "l"))
+    assert r.broken == ["lane l had 2 backend pods at 3.0: p2, p3"]
+
+
+def test_a_pod_gone_while_the_watch_was_down_is_forgotten_at_the_relist() -> None:
+    r = record()
+    r.pod(0, "ADDED", pod("p1", "l"))
+    r.relisted(5, "pods", [])
+    r.pod(6, "LISTED", pod("p2", "l"))
+    assert r.broken == []
+
+
+def test_a_second_dispatch_is_reported_unless_the_job_was_requeued() -> None:
+    r = record()
+    r.event(0, "ADDED", event("a.1", "a", "Dispatched"))
+    r.event(1, "ADDED", event("a.2", "a", "Requeued"))
+    r.event(2, "ADDED", event("a.3", "a", "Dispatched"))
+    assert r.broken == []
+    r.event(3, "MODIFIED", event("a.3", "a", "Dispatched", count=2))
+    assert r.broken == ["a was dispatched 3 times at 3.0"]
+
+
+def test_lost_and_unfinished_jobs() -> None:
+    r = record()
+    r.job(0, "ADDED", job("waits", "Pending"))
+    r.job(0, "ADDED", job("gone", "Pending"))
+    r.job(1, "DELETED", job("gone"))
+    assert r.unfinished(["waits", "gone", "never"]) == {"waits": "still Pending", "never": "never seen"}
+
+
+def test_a_job_deleted_while_the_watch_was_down_is_deleted_at_the_relist() -> None:
+    r = record()
+    r.job(0, "ADDED", job("a", "Pending"))
+    r.relisted(4, "jobs", [])
+    assert r.jobs["a"].deleted and r.unfinished(["a"]) == {}
+
+
+def test_recovery_counts_from_the_fault_while_jobs_wait() -> None:
+    r = record()
+    r.job(0, "ADDED", job("a", "Pending"))
+    r.faults.append(Fault("operator", at=1))
+    r.job(7.5, "MODIFIED", job("a", "Dispatching", "l"))
+    assert r.recovery(r.faults[0]) == 6.5
+
+
+def test_recovery_counts_from_the_first_wait_after_the_fault_when_nothing_waited() -> None:
+    r = record()
+    r.faults.append(Fault("apiserver", at=1))
+    r.job(3, "ADDED", job("a", "Pending"))
+    r.job(4, "MODIFIED", job("a", "Running", "l"))
+    r.faults.append(Fault("pod", at=10))  # nothing waits after it: no figure
+    assert r.recoveries() == {"apiserver": [1.0]}
