@@ -9,7 +9,11 @@ renew deadline and retry period). Two things it does not do are added here:
   start of the last renewal that succeeded, and each write times out after ``lease duration - renew
   deadline``. A write sent before the fence closes has ended before any other replica may take the
   Lease (which needs ``lease duration`` without a renewal), on any clock that runs at the same rate.
-- **Bounded calls.** The lock's reads and writes time out after the retry period.
+- **Bounded calls that fail as failures.** The lock's reads and writes time out after the retry period,
+  and any error of theirs (a refused connection while the apiserver restarts, a timeout) is a failed
+  attempt. The library catches only ``ApiException``: anything else ended its task without calling
+  ``onstopped_leading``, so a leader whose apiserver restarted stopped renewing, yet never stepped down
+  or exited. Should the task end for any other reason while leading, the replica steps down all the same.
 - **A create that works.** The library's ``LeaseLock.create`` passes ``pretty=True``, which the generated
   async API refuses, so the first replica could never create the Lease; and the lease duration must be
   whole seconds (it is written as ``int(str(duration))``).
@@ -94,8 +98,9 @@ class FencedLeaseLock(LeaseLock):
     async def get(self, name: str, namespace: str):  # type: ignore[no-untyped-def]
         try:
             return await asyncio.wait_for(super().get(name, namespace), self.timing.retry_seconds)
-        except TimeoutError as err:
-            return False, err
+        except Exception as err:  # the library reads a failure's ``reason`` and ``body``: an ApiException's
+            failed = ApiException(status=0, reason=f"reading the Lease failed: {err!r}")
+            return False, failed
 
     async def _held(self, call: Awaitable[bool]) -> bool:
         started = self.fence.clock()
@@ -103,6 +108,9 @@ class FencedLeaseLock(LeaseLock):
             done = await asyncio.wait_for(call, self.timing.retry_seconds)
         except TimeoutError:
             log.warning("a Lease %s write timed out after %gs", self.name, self.timing.retry_seconds)
+            return False
+        except Exception as err:  # not an ApiException (the library catches those): the apiserver is away
+            log.warning("a Lease %s write failed: %r", self.name, err)
             return False
         if done:
             self.fence.renewed(started, self.timing.renew_deadline_seconds)
@@ -149,12 +157,25 @@ async def campaign(
         await asyncio.Event().wait()  # cancelled by the library when the Lease is lost
 
     async def stopped() -> None:
+        if not leading.is_set():
+            return  # stepped down already
+        leading.clear()
         fence.close()
         log.error("%s lost the Lease %s/%s: it stops writing and exits", identity, namespace, LEASE_NAME)
         on_lost()
 
+    async def elect() -> None:
+        try:
+            await LeaderElection(config).run()
+        except asyncio.CancelledError:  # shutting down: stop writing, nothing more
+            fence.close()
+            raise
+        except Exception:
+            log.exception("the leader election of %s failed", identity)
+        await stopped()  # however the election ended, a leader steps down
+
     config = Config(lock, timing.lease_seconds, timing.renew_deadline_seconds, timing.retry_seconds, started, stopped)
-    task = asyncio.create_task(LeaderElection(config).run())
+    task = asyncio.create_task(elect())
     waiting = asyncio.create_task(leading.wait())
     await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
     waiting.cancel()

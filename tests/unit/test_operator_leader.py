@@ -103,3 +103,41 @@ def test_a_fenced_kube_refuses_every_write_before_sending_it():
     with pytest.raises(Fenced, match="does not hold the operator's Lease"):
         asyncio.run(kube._write("job-status", patch, "ns", "job", {"status": {}}))
     assert sent == []
+
+
+def test_a_leader_whose_apiserver_goes_away_steps_down_within_the_renew_deadline(monkeypatch: pytest.MonkeyPatch):
+    """Seen in the chaos run: the library catches only ApiException, so a refused connection while the
+    apiserver restarted ended its task quietly; the leader stopped renewing but never stepped down."""
+
+    async def created(self: FencedLeaseLock, *args: Any, **kwargs: Any) -> bool:
+        self.fence.renewed(self.fence.clock(), self.timing.renew_deadline_seconds)
+        return True
+
+    async def unreachable(self: Any, name: str, namespace: str) -> Any:
+        if not hasattr(self, "asked"):
+            self.asked = True
+            missing = leader.ApiException(status=404, reason="Not Found")  # the Lease does not exist yet
+            missing.body = '{"code": 404}'
+            return False, missing
+        raise OSError("Cannot connect to host 10.250.0.1:16443 [Connection refused]")
+
+    def init(self: Any, name: str, namespace: str, identity: str, api: Any) -> None:
+        self.name, self.namespace, self.identity = name, namespace, identity
+
+    monkeypatch.setattr(leader.LeaseLock, "__init__", init)
+    monkeypatch.setattr(leader.LeaseLock, "get", unreachable)
+    monkeypatch.setattr(leader.FencedLeaseLock, "create", created)
+    events: list[str] = []
+
+    async def run() -> None:
+        fence = Fence()
+        lost = asyncio.Event()
+        task = await leader.campaign(None, "ns", "me", Timing(2, 1.5, 1), fence, lambda: events.append("led"),  # type: ignore[arg-type]
+                                     lambda: (events.append("lost"), lost.set()))  # fmt: skip
+        assert fence.open()
+        await asyncio.wait_for(lost.wait(), timeout=5)
+        assert not fence.open()
+        await asyncio.wait_for(task, timeout=2)
+
+    asyncio.run(asyncio.wait_for(run(), timeout=15))
+    assert events == ["led", "lost"]
