@@ -1,244 +1,462 @@
-"""Chaos: kill the operator, the bridge or a backend pod at random moments while jobs flow, then check the
-brief's promises: no job lost, never more jobs on a lane than its capacity, every job ending in a terminal
-phase, and recovery within seconds.
+"""Chaos: gpulane as the chart installs it on the real node gpu-0, with the faults production meets, while
+jobs flow; an independent checker (bench/checker.py) says whether a promise broke.
 
-    .venv/bin/python bench/chaos.py [--minutes 3] [--seed 1]
+    .venv/bin/python bench/chaos.py [--minutes 10] [--seed 1]
 
-Three kwok lanes and three models (concurrency 1). Jobs arrive two ways: GpuJobs applied like kubectl,
-which the bench completes as their executor once they run, and OpenAI calls through ``gpulane bridge``
-(its backend is a ``gpulane fake-backend`` on the host, through ``--endpoint``). Every few seconds one
-fault: SIGKILL the operator, SIGKILL the bridge (both restarted a moment later; the bridge under the same
-replica name, as a crashed container would be), or force-delete a busy lane's backend pod. A watch on the
-jobs counts, at every event, the jobs each lane holds (Dispatching or Running). At the end the faults
-stop, the arrivals stop, and every job must reach Succeeded, Failed or Cancelled.
+The chart runs two operator replicas (one leads through its Lease), two webhook replicas and the bridge,
+all on gpu-0, and so does the one lane: gpu-0's GPU, whose backend pod (``gpulane fake-backend``) really
+serves. Two models, one mostly, the other now and then (a swap). Jobs arrive two ways: GpuJobs created
+like kubectl does (the bench completes them as their executor), and OpenAI calls through the bridge's
+Service, for the main model.
 
-It exits non-zero when a promise is broken, so it can gate a release.
+One fault at a time, in a seeded order that goes through every kind before repeating one:
+
+- ``leader``: the leading operator's pod deleted with ``--grace-period=0`` (SIGKILL) while a standby runs;
+- ``webhook-pod``, ``bridge-pod``, ``backend-pod``: one such pod deleted the same way;
+- ``apiserver``, ``etcd``: the process SIGKILLed and started again (``localcluster.restart``);
+- ``webhook-outage``: the webhook scaled to 0 for ``--outage-seconds``; creates are refused meanwhile;
+- ``kubelet``, ``containerd``: restarted on gpu-0, if possible while the real lane's pod serves a call.
+
+After each fault the bench waits until a job is dispatched again (at most ``--bound`` seconds), then a few
+seconds more. At the end the arrivals stop, every job must end, and the operator's metrics must agree
+with the API. It prints a JSON report (with the seed) and exits non-zero when a promise broke.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import contextlib
 import json
 import os
 import platform
 import random
+import statistics
 import sys
 import threading
 import time
+import urllib.request
+import uuid
+from pathlib import Path
 from typing import Any
 
 import openai
 import yaml
-from harness import bench_world
-from kubernetes import client
+from checker import TERMINAL, Fault, Record, Watcher
+from harness import REPO
+from kubernetes import client, config
 
-from gpulane.api.resources import TERMINAL_PHASES
-from gpulane.kube.client import Kube, load_client
-from gpulane.kube.watch import watch_jobs
-from tests.e2e.operator_support import (
-    OPERATOR_NAMESPACE,
-    BridgeProcess,
-    FakeBackendProcess,
-    GpulaneProcess,
-)
-from tests.e2e.support import wait_until
+from tests.e2e.operator_support import World
+from tests.e2e.support import Cluster, CommandFailed, localcluster, wait_until
 
-ACTIVE = ("Dispatching", "Running")
-TERMINAL = tuple(TERMINAL_PHASES)
+CHART = REPO / "charts" / "gpulane"
 KEY = "sk-chaos-key"
+SELECTOR = "gpulane.io/chaos"
+FAULTS = (
+    "leader",
+    "webhook-pod",
+    "bridge-pod",
+    "backend-pod",
+    "apiserver",
+    "etcd",
+    "webhook-outage",
+    "kubelet",
+    "containerd",
+)
+ON_THE_NODE = ("kubelet", "containerd")  # wait for the real lane to serve first
 
 
-class Ledger:
-    """Every job's latest phase and lane as the watch delivers them, and the most any lane held at once."""
-
-    def __init__(self, kubeconfig: str, namespace: str) -> None:
-        self.jobs: dict[str, tuple[str | None, str | None, str | None]] = {}  # name -> (phase, lane, reason)
-        self.peak: collections.Counter[str] = collections.Counter()
-        self.over: list[str] = []  # descriptions of moments a lane held more than one job
-        self.lock = threading.Lock()
-        self._stop = threading.Event()
-        threading.Thread(target=asyncio.run, args=(self._watch(kubeconfig, namespace),), daemon=True).start()
-
-    async def _watch(self, kubeconfig: str, namespace: str) -> None:
-        """The project's own watch, on an event loop of its own beside the bench's threads."""
-        kube = Kube(await load_client(kubeconfig), namespace)
-        task = asyncio.create_task(watch_jobs(kube, namespace, None, self._seen))
-        while not self._stop.is_set():
-            await asyncio.sleep(0.2)
-        task.cancel()
-        await kube.close()
-
-    def _seen(self, kind: str, obj: dict[str, Any]) -> None:
-        name, status = obj["metadata"]["name"], obj.get("status") or {}
-        with self.lock:
-            if kind == "DELETED":
-                phase, lane, _ = self.jobs.get(name, (None, None, None))
-                self.jobs[name] = ("Deleted" if phase not in TERMINAL else phase, lane, "deleted")
-            else:
-                self.jobs[name] = (status.get("phase"), status.get("lane"), status.get("reason"))
-            held = collections.Counter(lane for phase, lane, _ in self.jobs.values() if phase in ACTIVE and lane)
-            for lane, n in held.items():
-                self.peak[lane] = max(self.peak[lane], n)
-                if n > 1:
-                    self.over.append(f"{lane} held {n} jobs at {time.strftime('%H:%M:%S')}")
-
-    def stop(self) -> None:
-        self._stop.set()
+def wall(moment: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(moment)) + f"{moment % 1:.1f}"[1:]
 
 
-class Restartable:
-    """A gpulane process that chaos may kill; ``revive`` starts it again with the same arguments."""
+class Chaos:
+    """The release, its world and the run's threads."""
 
-    def __init__(self, proc: GpulaneProcess) -> None:
-        self.proc = proc
-        self.kills = 0
-        self.recoveries: list[float] = []  # seconds from the restart to ready
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.rng = args, random.Random(args.seed)
+        info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
+        if not info.real_node:
+            raise SystemExit("the chaos run needs the real node gpu-0; the cluster runs with GPULANE_NODE=kwok")
+        self.cluster = Cluster(info, info.started)
+        self.api = config.new_client_from_config(config_file=str(self.cluster.kubeconfig))
+        self.core, self.apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)
+        tag = uuid.uuid4().hex[:5]
+        self.ns, self.release = f"chaos-{tag}", f"chaos-{tag}"
+        self.fullname = f"{self.release}-gpulane"
+        self.work = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpulane-chaos-{tag}"
+        self.work.mkdir(parents=True)
+        self.world = World(self.cluster, self.api, self.ns)
+        self.record = Record(capacity=lambda lane: 1, slots=1, at=wall)  # one lane, one GPU
+        self.stop = threading.Event()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.refusals: dict[str, str] = {}  # kind of refusal -> one message, as the client got it
+        self.created: list[str] = []
+        self.outage: tuple[float, float] | None = None
+        self.errors: list[str] = []  # what kept the run from going as planned
 
-    def kill(self) -> None:
-        self.proc.kill()
-        self.kills += 1
+    # -- the system ----------------------------------------------------------------------------------
 
-    def revive(self) -> None:
+    def install(self) -> None:
+        self.cluster.kubectl("apply", "-f", str(REPO / "crds"))
+        self.core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=self.ns, labels={SELECTOR: self.ns}))
+        )
+        values = {
+            "operator": {
+                "leaderElection": {
+                    "leaseSeconds": self.args.lease_seconds,
+                    "renewDeadlineSeconds": max(2, self.args.lease_seconds * 2 // 3),
+                    "retrySeconds": 1,
+                }
+            },
+            "webhook": {"namespaceSelector": {SELECTOR: self.ns}},
+            "bridge": {
+                "enabled": True,
+                "executeNamespaces": [self.ns],
+                "keys": {"inline": {"keys": [{"name": "chaos", "key": KEY, "member": "api", "maxPriority": 100}]}},
+            },
+        }
+        (values_file := self.work / "values.yaml").write_text(yaml.safe_dump(values))
         started = time.monotonic()
-        self.proc.start()
-        self.recoveries.append(time.monotonic() - started)
+        self.cluster.helm(
+            "install", self.release, str(CHART), "-n", self.ns, "-f", str(values_file), "--wait", "--timeout", "180s"
+        )
+        self.counts["install seconds"] = round(time.monotonic() - started, 1)
+        bridge_account = f"{self.ns}/{self.fullname}-bridge"
+        self.world.apply(
+            {
+                "apiVersion": "gpulane.io/v1alpha1",
+                "kind": "GpuPolicy",
+                "metadata": {"name": "default"},
+                "spec": {
+                    "admission": {
+                        "trusted": {"serviceAccounts": [bridge_account], "users": ["gpulane-admin"]},
+                        "rules": [{"name": "admins", "users": ["gpulane-admin"], "maxPriority": 100}],
+                    }
+                },
+            }
+        )
+        self.world.cluster_objects.append(("gpupolicies", "default"))
+        wait_until(
+            lambda: self.world.cluster_status("gpupolicies", "default").get("observedGeneration") == 1,
+            timeout=60,
+            what="the policy in effect",
+        )
+        # One lane, gpu-0's one GPU: a model cannot be pinned to a lane, so a kwok lane beside it would take
+        # calls it cannot serve. Mostly one model, so that the pod is reused; the other forces swaps.
+        self.lane = self.world.real_lane()
+        self.models = [self.world.real_model(stem, load_seconds=1, expectedRunSeconds=1) for stem in ("main", "other")]
+        self.real_model = self.models[0]
+        service = self.core.read_namespaced_service(f"{self.fullname}-bridge", self.ns)
+        self.bridge_url = f"http://{service.spec.cluster_ip}:8090/v1"
+        api = openai.OpenAI(base_url=self.bridge_url, api_key=KEY, max_retries=0, timeout=30)
+        wait_until(
+            lambda: self.real_model in [m.id for m in api.models.list()],
+            timeout=60,
+            what="the bridge to list the real model",
+        )
 
+    def remove(self) -> None:
+        self.world.cleanup()
+        self.cluster.helm("uninstall", self.release, "-n", self.ns, "--wait", "--timeout", "120s", check=False)
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            self.cluster.kubectl("delete", kind, self.fullname, "--ignore-not-found", check=False)
+        selector = f"app.kubernetes.io/instance={self.release}"
+        self.cluster.kubectl(
+            "delete", "clusterrolebindings,clusterroles", "-l", selector, "--ignore-not-found", check=False
+        )
+        self.core.delete_namespace(self.ns)
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    rng = random.Random(args.seed)
-    with bench_world() as bench:
-        world, work = bench.world, bench.work
-        lanes = [world.lane(f"chaos{i}") for i in range(3)]
-        models = [world.model(f"m{i}", ready_delay="1s", expectedRunSeconds=1) for i in range(3)]
-        backend = FakeBackendProcess(bench.cluster, work, "--any-model", "--request-seconds", "0.3").start()
-        keys = work / "keys.yaml"
-        keys.write_text(yaml.safe_dump({"keys": [{"name": "chaos", "key": KEY, "member": "api", "maxPriority": 100}]}))
-        endpoints = [a for m in models for a in ("--endpoint", f"{m}={backend.url}")]
-        bridge = Restartable(BridgeProcess(bench.cluster, work, bench.namespace, keys, *endpoints,
-                                           "--replica", "chaos", "--lease-seconds", "3"))  # fmt: skip
-        bridge.proc.start()
-        operator = Restartable(bench.operator)
-        ledger = Ledger(str(bench.cluster.kubeconfig), bench.namespace)
-        stop = threading.Event()
-        counts: collections.Counter[str] = collections.Counter()
-        submitted: list[str] = []
-        faults: collections.Counter[str] = collections.Counter()
+    def pods(self, component: str) -> list[client.V1Pod]:
+        selector = f"app.kubernetes.io/component={component}"  # the backend pods are the operator's, not the chart's
+        if component != "backend":
+            selector += f",app.kubernetes.io/instance={self.release}"
+        return [
+            p
+            for p in self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+            if not p.metadata.deletion_timestamp
+        ]
 
-        def submit() -> None:  # GpuJobs as kubectl applies them, about two a second
-            i = 0
-            while not stop.is_set():
-                with contextlib.suppress(Exception):
-                    world.job(f"k{i:05d}", rng.choice(models), member=rng.choice("abc"),
-                              priority=rng.choice(["batch", "normal", "interactive"]))  # fmt: skip
-                    counts["kubectl"] += 1
-                    submitted.append(f"k{i:05d}")
-                i += 1
-                time.sleep(rng.expovariate(2.0))
+    def leader(self) -> str:
+        lease = client.CoordinationV1Api(self.api).read_namespaced_lease("gpulane-operator", self.ns)
+        holder = lease.spec.holder_identity or ""
+        return next((p.metadata.name for p in self.pods("operator") if holder.startswith(p.metadata.name)), "")
 
-        def execute() -> None:  # the kubectl jobs' executor: each runs for a moment, then succeeds
-            started: dict[str, float] = {}
-            while not stop.is_set() or any(p in ACTIVE for p, _, _ in list(ledger.jobs.values())):
-                with ledger.lock:
-                    running = [n for n, (p, _, _) in ledger.jobs.items() if p == "Running" and n.startswith("k")]
-                for name in running:
-                    if time.monotonic() - started.setdefault(name, time.monotonic()) > 0.5:
-                        with contextlib.suppress(Exception):
-                            world.complete(name)
-                time.sleep(0.1)
+    # -- arrivals and the executor -------------------------------------------------------------------
 
-        def call() -> None:  # OpenAI calls through the bridge
-            while not stop.is_set():
-                api = openai.OpenAI(base_url=f"{bridge.proc.url}/v1", api_key=KEY, max_retries=0, timeout=60)
-                try:
-                    api.chat.completions.create(model=rng.choice(models), messages=[{"role": "user", "content": "x"}])
-                    counts["bridge ok"] += 1
-                except openai.APIStatusError as err:  # e.g. 503: its job ended before it ran (BackendLost)
-                    counts[f"bridge {err.status_code}"] += 1
-                    time.sleep(0.5)
-                except openai.APIConnectionError:  # the bridge is down
-                    counts["bridge unreachable"] += 1
-                    time.sleep(0.5)
+    def refused(self, what: str, message: str) -> None:
+        kind = "webhook" if "webhook" in message else "apiserver" if "connect" in message.lower() else "other"
+        self.counts[f"{what} refused ({kind})"] += 1
+        self.refusals.setdefault(f"{what} ({kind})", message.strip().splitlines()[-1][:300])
 
-        def chaos() -> None:
-            while not stop.wait(rng.uniform(3, 8)):
-                fault = rng.choice(["operator", "bridge", "pod"])
-                faults[fault] += 1
-                if fault == "pod":
-                    pods = world.core.list_namespaced_pod(OPERATOR_NAMESPACE).items
-                    ours = [p for p in pods if (p.metadata.annotations or {}).get("gpulane.io/lane") in lanes]
-                    if ours:
-                        victim = rng.choice(ours).metadata.name
-                        with contextlib.suppress(client.ApiException):
-                            world.core.delete_namespaced_pod(victim, OPERATOR_NAMESPACE, grace_period_seconds=0)
-                    continue
-                target = operator if fault == "operator" else bridge
-                target.kill()
-                time.sleep(rng.uniform(0.5, 2.0))
-                target.revive()
+    def submit(self) -> None:
+        """GpuJobs as kubectl creates them."""
+        i = 0
+        while not self.stop.is_set():
+            name = f"k{i:05d}"
+            i += 1
+            try:
+                self.world.job(
+                    name,
+                    self.rng.choices(self.models, weights=(9, 1))[0],
+                    member=self.rng.choice("abc"),
+                    priority=self.rng.choice(["batch", "normal", "interactive"]),
+                )
+            except CommandFailed as err:
+                self.refused("kubectl", str(err))
+            else:
+                self.created.append(name)
+                self.counts["kubectl created"] += 1
+            time.sleep(self.rng.expovariate(self.args.rate))
 
-        workers = [threading.Thread(target=f, daemon=True) for f in (submit, call, call, chaos)]
-        executor = threading.Thread(target=execute, daemon=True)
+    def execute(self) -> None:
+        """The kubectl jobs' executor: each runs for 0.2 s on the pod (which is not called: the
+        bridge's calls are), then succeeds; retried until the outcome is stored."""
+        started: dict[str, float] = {}
+        while not (self.stop.is_set() and self.drained()):
+            with self.record.lock:
+                running = [n for n, t in self.record.jobs.items() if t.phase == "Running" and n.startswith("k")]
+            for name in running:
+                if time.monotonic() - started.setdefault(name, time.monotonic()) > 0.2:
+                    with contextlib.suppress(Exception):
+                        self.world.complete(name)
+            time.sleep(0.1)
+
+    def call(self) -> None:
+        """OpenAI calls through the bridge's Service, for the model on gpu-0."""
+        api = openai.OpenAI(base_url=self.bridge_url, api_key=KEY, max_retries=0, timeout=120)
+        while not self.stop.is_set():
+            try:
+                priority = {"X-LlamaSwap-Priority": str(self.rng.choice([0, 50, 100]))}
+                api.chat.completions.create(model=self.real_model, messages=[{"role": "user", "content": "x"}],
+                                            extra_headers=priority)  # fmt: skip
+                self.counts["bridge ok"] += 1
+            except openai.APIStatusError as err:
+                self.counts[f"bridge {err.status_code}"] += 1
+                self.refusals.setdefault(f"bridge {err.status_code}", str(err)[:300])
+                time.sleep(0.5)
+            except openai.APIConnectionError:
+                self.counts["bridge unreachable"] += 1
+                time.sleep(0.5)
+
+    def drained(self) -> bool:
+        with self.record.lock:
+            return all(t.phase in TERMINAL or t.deleted for t in self.record.jobs.values())
+
+    # -- faults --------------------------------------------------------------------------------------
+
+    def inject(self, kind: str) -> str:
+        if kind in ON_THE_NODE:
+            with contextlib.suppress(AssertionError):  # a call is usually in flight; if not, go on anyway
+                wait_until(
+                    lambda: any(t.lane == self.lane and t.phase == "Running" for t in list(self.record.jobs.values())),
+                    timeout=20,
+                    what="a call",
+                )
+        if kind in ("leader", "webhook-pod", "bridge-pod", "backend-pod"):
+            victim, deadline = "", time.monotonic() + 10  # between two backend pods (a swap) there is none
+            while not victim and time.monotonic() < deadline:
+                if kind == "leader":
+                    victim = self.leader()
+                else:
+                    pods = self.pods(kind.removesuffix("-pod"))
+                    victim = self.rng.choice(pods).metadata.name if pods else ""
+                time.sleep(0 if victim else 0.5)
+            if victim:
+                self.fault(kind, victim)
+                self.cluster.kubectl(
+                    "delete", "pod", victim, "-n", self.ns, "--grace-period=0", "--force", "--wait=false", check=False
+                )
+            return victim
+        if kind == "webhook-outage":
+            deployment = f"{self.fullname}-webhook"
+            self.fault(kind, deployment)
+            started = time.time()
+            self.scale(deployment, 0)
+            self.stop.wait(self.args.outage_seconds)
+            self.outage = (started, time.time())
+            self.scale(deployment, 2)
+            return deployment
+        component = {"apiserver": "kube-apiserver"}.get(kind, kind)
+        self.fault(kind, component)
+        seconds = localcluster.restart(component, self.cluster.info.state_dir)
+        return f"{component}, healthy again after {seconds:.1f}s"
+
+    def fault(self, kind: str, detail: str) -> None:
+        with self.record.lock:
+            self.record.faults.append(Fault(kind, time.time(), detail))
+
+    def scale(self, deployment: str, replicas: int) -> None:
+        self.cluster.kubectl("scale", "deployment", deployment, "-n", self.ns, f"--replicas={replicas}")
+        if replicas:
+            self.cluster.kubectl("rollout", "status", "deployment", deployment, "-n", self.ns, "--timeout=120s")
+
+    def chaos(self) -> None:
+        order: list[str] = []
+        while not self.stop.wait(self.rng.uniform(3, 6)):
+            if not self.args.faults:
+                continue
+            if not order:
+                order = self.rng.sample(self.args.faults, len(self.args.faults))
+            kind = order.pop()
+            try:
+                detail = self.inject(kind)
+            except Exception as err:  # the run cannot go on as planned: say so in the verdict
+                self.errors.append(f"injecting {kind}: {err!r}")
+                return
+            print(f"{time.strftime('%H:%M:%S')} fault {kind}: {detail}", file=sys.stderr)
+            if not detail:
+                self.errors.append(f"no target for the fault {kind}")
+                continue
+            fault = self.record.faults[-1]
+            with contextlib.suppress(AssertionError):  # a missed bound is judged at the end, with the figures
+                wait_until(
+                    lambda f=fault: any(t >= f.at for t in self.record.dispatch_times),
+                    timeout=self.args.bound,
+                    what="a dispatch",
+                )
+
+    # -- the verdict ---------------------------------------------------------------------------------
+
+    def metrics_agree(self) -> list[str]:
+        """Each operator replica's /metrics against the API: exactly one leads (the Lease holder), and the
+        leader's queue and lanes hold what the API holds."""
+        problems, leaders = [], []
+        jobs = self.world.jobs()
+        pending = sum(1 for j in jobs if (j.get("status") or {}).get("phase", "Pending") == "Pending")
+        running: collections.Counter[str] = collections.Counter(
+            (j.get("status") or {}).get("lane") for j in jobs if (j.get("status") or {}).get("phase") == "Running"
+        )
+        for pod in self.pods("operator"):
+            with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=10) as resp:
+                samples = dict(
+                    line.rsplit(" ", 1)
+                    for line in resp.read().decode().splitlines()
+                    if line and not line.startswith("#")
+                )
+            if float(samples.get("gpulane_leader", 0)) != 1:
+                continue
+            leaders.append(pod.metadata.name)
+            depth = sum(float(v) for k, v in samples.items() if k.startswith("gpulane_queue_depth{"))
+            if depth != pending:
+                problems.append(f"{pod.metadata.name}: queue depth {depth:g}, the API has {pending} pending jobs")
+            busy = float(samples.get(f'gpulane_lane_busy{{lane="{self.lane}"}}', 0))
+            if busy != running[self.lane]:
+                problems.append(
+                    f"{pod.metadata.name}: lane {self.lane} busy {busy:g}, the API has {running[self.lane]}"
+                )
+        if leaders != [self.leader()]:
+            problems.append(f"replicas reporting gpulane_leader 1: {leaders}; the Lease names {self.leader()!r}")
+        return problems
+
+    def outage_report(self) -> dict[str, Any]:
+        """What went on while the webhook was away: refusals (the clients saw them), dispatches and ends."""
+        if self.outage is None:
+            return {}
+        start, end = self.outage
+        with self.record.lock:
+            dispatches = sum(1 for t in self.record.dispatch_times if start <= t <= end)
+            ended = sum(1 for t in self.record.jobs.values()
+                        if any(start <= at <= end and p in TERMINAL for at, p in t.phases))  # fmt: skip
+        return {"seconds": round(end - start, 1), "dispatches": dispatches, "jobs_ended": ended}
+
+    def keep_logs(self) -> None:
+        """The operators' logs (this container's and the one before it), to read a broken promise against."""
+        selector = f"app.kubernetes.io/instance={self.release}"
+        for previous in ("false", "true"):
+            logs = self.cluster.kubectl("logs", "-n", self.ns, "-l", selector, "--prefix", "--tail=-1",
+                                        f"--previous={previous}", check=False)  # fmt: skip
+            (self.work / f"logs-previous-{previous}.txt").write_text(logs.stdout + logs.stderr)
+        print(f"the release's logs are in {self.work}", file=sys.stderr)
+
+    def run(self) -> dict[str, Any]:
+        print(f"chaos run: seed {self.args.seed}, {self.args.minutes} minutes, namespace {self.ns}", file=sys.stderr)
+        self.install()
+        watcher = Watcher(self.api, self.record, self.ns, self.ns)
+        workers = [
+            threading.Thread(target=f, daemon=True) for f in (self.submit, self.call, self.call, self.call, self.chaos)
+        ]
+        executor = threading.Thread(target=self.execute, daemon=True)
+        started = time.monotonic()
         for t in [*workers, executor]:
             t.start()
-        time.sleep(args.minutes * 60)
-        stop.set()
+        self.stop.wait(self.args.minutes * 60)
+        self.stop.set()
         for t in workers:
-            t.join(timeout=120)
+            t.join(timeout=300)
+        ran = time.monotonic() - started
         drain_started = time.monotonic()
-
-        def settled() -> bool:
-            with ledger.lock:
-                return bool(ledger.jobs) and all(p in (*TERMINAL, "Deleted") for p, _, _ in ledger.jobs.values())
-
         drained = True
         try:
-            wait_until(settled, timeout=args.drain_seconds, what="every job terminal")
+            wait_until(self.drained, timeout=self.args.drain_seconds, what="every job to end")
         except AssertionError:
             drained = False
         drain = time.monotonic() - drain_started
         executor.join(timeout=10)
-        ledger.stop()
-        bridge.proc.stop()
-        backend.stop()
-        created = {j["metadata"]["name"] for j in world.jobs()}
-        outcomes = collections.Counter(
-            f"{phase}{'/' + reason if reason and phase != 'Succeeded' else ''}"
-            for phase, _, reason in ledger.jobs.values()
-        )
-        stuck = sorted(n for n, (p, _, _) in ledger.jobs.items() if p not in (*TERMINAL, "Deleted"))
-        lost = sorted(n for n in submitted if n not in created)  # nobody deletes them but the bench
-        result = {
-            "minutes": args.minutes,
-            "seed": args.seed,
-            "jobs_seen": len(ledger.jobs),
-            "arrivals": dict(counts),
+        metrics = self.metrics_agree()
+        if self.record.broken or metrics:
+            self.keep_logs()
+        watcher.stop()
+        with self.record.lock:
+            seen = list(self.record.jobs)
+            unfinished = self.record.unfinished([*self.created, *seen])
+            recoveries = self.record.recoveries()
+            faults = collections.Counter(f.kind for f in self.record.faults)
+            outcomes = collections.Counter(t.phase for t in self.record.jobs.values())
+        outage = self.outage_report()
+        slow = {kind: s for kind, s in recoveries.items() if max(s) > self.args.bound}
+        report = {
+            "seed": self.args.seed,
+            "minutes": round(ran / 60, 1),
+            "jobs": len(seen),
+            "arrivals": dict(self.counts),
+            "refusals": self.refusals,
             "faults": dict(faults),
             "outcomes": dict(outcomes),
-            "max_jobs_on_a_lane": max(ledger.peak.values(), default=0),
-            "over_capacity": ledger.over[:10],
-            "not_terminal_after_drain": stuck[:10],
-            "kubectl_jobs_lost": lost,
+            "recovery_s": {
+                kind: {"p50": round(statistics.median(s), 1), "max": max(s), "n": len(s)}
+                for kind, s in sorted(recoveries.items())
+            },
+            "recovery_bound_s": self.args.bound,
+            "webhook_outage": outage,
+            "violations": self.record.broken[:20],
+            "unfinished": dict(list(unfinished.items())[:20]),
+            "metrics_disagree": metrics,
+            "broken_watches": dict(watcher.broken_watches),
             "drain_seconds": round(drain, 1),
-            "operator_restart_to_ready_s": [round(s, 1) for s in operator.recoveries],
-            "bridge_restart_to_ready_s": [round(s, 1) for s in bridge.recoveries],
+            "errors": self.errors,
         }
-        result["promises_kept"] = drained and not stuck and not lost and not ledger.over
-        return result
+        report["promises_kept"] = drained and not self.record.broken and not unfinished and not metrics and not slow
+        return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--drain-seconds", type=float, default=180.0, help="how long the jobs get to end")
+    parser.add_argument("--rate", type=float, default=1.5, help="kubectl jobs per second (Poisson)")
+    parser.add_argument("--lease-seconds", type=int, default=6, help="the operators' Lease (leaderElection)")
+    parser.add_argument("--outage-seconds", type=float, default=30.0, help="how long the webhook is away")
+    parser.add_argument("--bound", type=float, default=45.0, help="most seconds from a fault to a dispatch")
+    parser.add_argument(
+        "--faults",
+        type=lambda s: [f for f in s.split(",") if f],
+        default=list(FAULTS),
+        help=f"the kinds, comma-separated (default all: {','.join(FAULTS)}); '' for none",
+    )
+    parser.add_argument("--keep", action="store_true", help="leave the release installed, to look at it")
+    parser.add_argument("--drain-seconds", type=float, default=300.0, help="how long the jobs get to end")
     args = parser.parse_args()
-    result = run(args)
-    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
-    print(json.dumps(result, indent=1))
-    sys.exit(0 if result["promises_kept"] else 1)
+    chaos = Chaos(args)
+    try:
+        report = chaos.run()
+    finally:
+        if not args.keep:
+            chaos.remove()
+    report["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    print(json.dumps(report, indent=1))
+    sys.exit(0 if report["promises_kept"] else 1)
 
 
 if __name__ == "__main__":

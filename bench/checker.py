@@ -53,13 +53,17 @@ class Fault:
 class Record:
     """The jobs, pods and dispatches seen, and the moments a promise broke, in the order they happened."""
 
-    def __init__(self, capacity: Callable[[str], int]) -> None:
+    def __init__(
+        self, capacity: Callable[[str], int], slots: int, at: Callable[[float], str] = "{:.1f}".format
+    ) -> None:
         self.capacity = capacity  # a lane's most active jobs at once
+        self.at = at  # how a moment reads in a report
+        self.slots = slots  # all lanes' together: fewer active jobs than this means a GPU could take one
         self.jobs: dict[str, Track] = {}
         self.pods: dict[str, str] = {}  # backend pod -> its lane
         self.dispatch_times: list[float] = []  # moments a job entered Dispatching (or Running unseen)
         self.pending_since: dict[str, float] = {}  # jobs waiting now -> since when (as seen)
-        self.waiting_at: list[tuple[float, int]] = []  # (moment, jobs waiting) after every change
+        self.waiting_at: list[tuple[float, int, int]] = []  # (moment, jobs waiting, jobs active) after a change
         self.broken: list[str] = []
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
@@ -79,7 +83,7 @@ class Record:
         before = track.phase
         if phase != before:
             if before in TERMINAL:
-                self.broken.append(f"{name} went from {before} to {phase} at {now:.1f}")
+                self.broken.append(f"{name} went from {before} to {phase} at {self.at(now)}")
             if phase in ACTIVE and before not in ACTIVE:
                 self.dispatch_times.append(now)
             track.phases.append((now, phase))
@@ -91,9 +95,12 @@ class Record:
             self.pending_since.pop(name, None)
         self._waiting(now)
         if phase in ACTIVE and lane:
-            held = sum(1 for t in self.jobs.values() if t.lane == lane and t.phase in ACTIVE and not t.deleted)
-            if held > self.capacity(lane):
-                self.broken.append(f"lane {lane} held {held} active jobs at {now:.1f} (allows {self.capacity(lane)})")
+            held = sorted(n for n, t in self.jobs.items() if t.lane == lane and t.phase in ACTIVE and not t.deleted)
+            if len(held) > self.capacity(lane):
+                jobs = ", ".join(f"{n} {self.jobs[n].phase}" for n in held)
+                self.broken.append(
+                    f"lane {lane} held {len(held)} active jobs at {self.at(now)} (allows {self.capacity(lane)}): {jobs}"
+                )
 
     def pod(self, now: float, kind: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -106,7 +113,7 @@ class Record:
         self.pods[meta["name"]] = lane
         on_lane = sorted(p for p, lane_of in self.pods.items() if lane_of == lane)
         if len(on_lane) > 1:
-            self.broken.append(f"lane {lane} had {len(on_lane)} backend pods at {now:.1f}: {', '.join(on_lane)}")
+            self.broken.append(f"lane {lane} had {len(on_lane)} backend pods at {self.at(now)}: {', '.join(on_lane)}")
 
     def event(self, now: float, kind: str, obj: dict[str, Any]) -> None:
         involved, reason = obj.get("involvedObject") or {}, obj.get("reason")
@@ -117,7 +124,7 @@ class Record:
         counts[obj["metadata"]["name"]] = max(int(obj.get("count") or 1), 1)
         dispatches, allowed = sum(track.dispatched.values()), 1 + sum(track.requeued.values())
         if dispatches > allowed:
-            self.broken.append(f"{involved['name']} was dispatched {dispatches} times at {now:.1f}")
+            self.broken.append(f"{involved['name']} was dispatched {dispatches} times at {self.at(now)}")
 
     def relisted(self, now: float, what: str, present: Iterable[str]) -> None:
         """After a re-list: what the list no longer holds was deleted while the watch was down."""
@@ -131,7 +138,8 @@ class Record:
                     self.job(now, "DELETED", {"metadata": {"name": name}})
 
     def _waiting(self, now: float) -> None:
-        self.waiting_at.append((now, len(self.pending_since)))
+        active = sum(1 for t in self.jobs.values() if t.phase in ACTIVE and not t.deleted)
+        self.waiting_at.append((now, len(self.pending_since), active))
 
     # -- verdicts ------------------------------------------------------------------------------------
 
@@ -147,16 +155,22 @@ class Record:
         return out
 
     def recovery(self, fault: Fault) -> float | None:
-        """Seconds the queue waited without a dispatch after the fault: from the injection (or the first
-        moment after it that a job waited) to the next dispatch. None: nothing waited before the run ended."""
-        waited = next((t for t, n in self.waiting_at if t >= fault.at and n > 0), None)
-        before = [n for t, n in self.waiting_at if t < fault.at]
-        if before and before[-1] > 0:
-            waited = fault.at
-        if waited is None:
+        """Seconds after the fault that a GPU could have taken a waiting job but none was dispatched: from the
+        injection, or the first moment after it that a job waited with a slot free, to the next dispatch.
+        None: no job waited with a slot free before the run ended."""
+
+        def idle(waiting: int, active: int) -> bool:
+            return waiting > 0 and active < self.slots
+
+        before = [(n, a) for t, n, a in self.waiting_at if t < fault.at]
+        if before and idle(*before[-1]):
+            since: float | None = fault.at
+        else:
+            since = next((t for t, n, a in self.waiting_at if t >= fault.at and idle(n, a)), None)
+        if since is None:
             return None
-        nxt = next((t for t in self.dispatch_times if t >= waited), None)
-        return None if nxt is None else nxt - waited
+        nxt = next((t for t in self.dispatch_times if t >= since), None)
+        return None if nxt is None else nxt - since
 
     def recoveries(self) -> dict[str, list[float]]:
         out: dict[str, list[float]] = collections.defaultdict(list)
@@ -197,7 +211,7 @@ class Watcher:
                 listed = lister(_request_timeout=10)
                 items = [i if isinstance(i, dict) else serialize(i) for i in _items(listed)]
                 with self.record.lock:
-                    now = time.monotonic()
+                    now = time.time()
                     for item in items:
                         feed(now, "LISTED", item)
                     self.record.relisted(now, what, (i["metadata"]["name"] for i in items))
@@ -210,7 +224,7 @@ class Watcher:
                     if ev["type"] == "ERROR":
                         break  # 410 Gone and the like: list again
                     with self.record.lock:
-                        feed(time.monotonic(), ev["type"], obj)
+                        feed(time.time(), ev["type"], obj)
             except Exception:  # the apiserver is restarting, or a stream broke: list again shortly
                 self.broken_watches[what] += 1
                 self.stopping.wait(0.5)

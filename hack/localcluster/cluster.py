@@ -326,6 +326,13 @@ def restart(component: str, state_dir: Path | None = None, crash: bool = True, t
         if crash and proc_alive(old):
             os.kill(old.pid, signal.SIGKILL)
         stop_process(old)  # waits until it is gone (SIGTERM first unless killed already)
+        # A killed multi-threaded process shows as a zombie while its other threads still hold its sockets.
+        address = host.BRIDGE_IP if info.real_node and component == "kube-apiserver" else "127.0.0.1"
+        ports = [(port, address) for port in info.ports.by_component().get(component, [])]
+        if component == "kubelet":
+            ports += [(node.KUBELET_PORT, host.BRIDGE_IP), (node.KUBELET_HEALTHZ, "127.0.0.1")]
+        for port, where in ports:
+            check_port_free(port, component, where, settle=30.0)
         lock_fd = _reclaim(layout.state) if component == "kubelet" else -1  # it held the lock
         try:
             info.procs[index] = start_process(component, old.argv, Path(old.log), (lock_fd,) if lock_fd >= 0 else ())

@@ -205,6 +205,23 @@ def test_with_the_webhook_down_a_job_can_still_be_deleted(world: World, admissio
     wait_until(lambda: world.jobs() == [], what="the job deleted")
 
 
+def test_with_the_webhook_down_a_running_job_still_ends_and_the_next_is_dispatched(
+    world: World, admission: WebhookProcess
+) -> None:
+    """The status hook fails open: an executor's outcome lands while no webhook answers, so the lane frees
+    and the queue moves on (with ``Fail`` the job would stay Running until the webhook came back)."""
+    policy(world)
+    world.lane()
+    submit(world, "first")
+    submit(world, "second")
+    world.wait_phase("first", "Running")
+    admission.stop()
+    executor = ("--as", "batch-runner", "--as-group", USERS_GROUP)
+    ended = status_patch(world, "first", *executor, phase="Succeeded", finishedAt="2026-12-02T00:00:00Z")
+    assert ended.returncode == 0, ended.stderr
+    assert world.wait_phase("second", "Running")["phase"] == "Running"
+
+
 def status_patch(world: World, name: str, *as_: str, **fields: Any) -> Any:
     ops = [{"op": "add", "path": f"/status/{key}", "value": value} for key, value in fields.items()]
     return world.cluster.kubectl("patch", "gpujob", name, "-n", world.namespace, "--subresource=status",

@@ -61,6 +61,17 @@ def test_down_stops_exactly_the_processes_its_up_started(cluster: Cluster, tmp_p
         ok, text = localcluster.status(state_dir=state)
         assert ok, text
         assert (state / "logs" / "kube-apiserver.log").stat().st_size > 0
+        # A chaos run's restart: SIGKILL one component, start it with the same flags, healthy again.
+        for component in ("etcd", "kube-apiserver"):
+            before = next(p for p in second.procs if p.component == component)
+            localcluster.restart(component, state_dir=state)
+            now = localcluster.running(state)
+            assert now is not None, localcluster.status(state_dir=state)[1]
+            after = next(p for p in now.procs if p.component == component)
+            assert after.pid != before.pid and after.argv == before.argv and not localcluster.proc_alive(before)
+            second = now
+        with pytest.raises(localcluster.ClusterError, match="'kubelet' is not a process of this cluster"):
+            localcluster.restart("kubelet", state_dir=state)
     finally:
         assert localcluster.down(log=lambda _m: None, state_dir=state)
     assert not state.exists()

@@ -26,7 +26,7 @@ def event(name: str, job_name: str, reason: str, count: int = 1) -> dict[str, An
 
 
 def record() -> Record:
-    return Record(capacity=lambda lane: 2 if lane == "wide" else 1)
+    return Record(capacity=lambda lane: 2 if lane == "wide" else 1, slots=1)
 
 
 def test_a_clean_history_breaks_nothing() -> None:
@@ -52,7 +52,7 @@ def test_more_active_jobs_than_a_lane_allows_are_reported() -> None:
     r.job(1, "ADDED", job("b", "Dispatching", "narrow"))
     r.job(2, "ADDED", job("c", "Running", "wide"))
     r.job(3, "ADDED", job("d", "Running", "wide"))
-    assert r.broken == ["lane narrow held 2 active jobs at 1.0 (allows 1)"]
+    assert r.broken == ["lane narrow held 2 active jobs at 1.0 (allows 1): a Running, b Dispatching"]
 
 
 def test_two_backend_pods_on_a_lane_are_reported_and_a_deleted_one_is_not_counted() -> None:
@@ -113,3 +113,13 @@ def test_recovery_counts_from_the_first_wait_after_the_fault_when_nothing_waited
     r.job(4, "MODIFIED", job("a", "Running", "l"))
     r.faults.append(Fault("pod", at=10))  # nothing waits after it: no figure
     assert r.recoveries() == {"apiserver": [1.0]}
+
+
+def test_recovery_does_not_count_while_the_gpu_is_busy() -> None:
+    r = record()
+    r.job(0, "ADDED", job("running", "Running", "l"))
+    r.job(0.5, "ADDED", job("waits", "Pending"))
+    r.faults.append(Fault("webhook-pod", at=1))
+    r.job(4, "MODIFIED", job("running", "Succeeded", "l"))  # the GPU is free from here
+    r.job(4.5, "MODIFIED", job("waits", "Dispatching", "l"))
+    assert r.recovery(r.faults[0]) == 0.5
