@@ -67,6 +67,7 @@ class Record:
         self.broken: list[str] = []
         self.faults: list[Fault] = []
         self.lock = threading.Lock()
+        self._listing = False
 
     # -- what the watches deliver --------------------------------------------------------------------
 
@@ -94,13 +95,16 @@ class Record:
         else:
             self.pending_since.pop(name, None)
         self._waiting(now)
-        if phase in ACTIVE and lane:
-            held = sorted(n for n, t in self.jobs.items() if t.lane == lane and t.phase in ACTIVE and not t.deleted)
-            if len(held) > self.capacity(lane):
-                jobs = ", ".join(f"{n} {self.jobs[n].phase}" for n in held)
-                self.broken.append(
-                    f"lane {lane} held {len(held)} active jobs at {self.at(now)} (allows {self.capacity(lane)}): {jobs}"
-                )
+        if phase in ACTIVE and lane and not self._listing:
+            self._check_jobs(now, lane)
+
+    def _check_jobs(self, now: float, lane: str) -> None:
+        held = sorted(n for n, t in self.jobs.items() if t.lane == lane and t.phase in ACTIVE and not t.deleted)
+        if len(held) > self.capacity(lane):
+            jobs = ", ".join(f"{n} {self.jobs[n].phase}" for n in held)
+            self.broken.append(
+                f"lane {lane} held {len(held)} active jobs at {self.at(now)} (allows {self.capacity(lane)}): {jobs}"
+            )
 
     def pod(self, now: float, kind: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -111,6 +115,10 @@ class Record:
             self.pods.pop(meta["name"], None)
             return
         self.pods[meta["name"]] = lane
+        if not self._listing:
+            self._check_pods(now, lane)
+
+    def _check_pods(self, now: float, lane: str) -> None:
         on_lane = sorted(p for p, lane_of in self.pods.items() if lane_of == lane)
         if len(on_lane) > 1:
             self.broken.append(f"lane {lane} had {len(on_lane)} backend pods at {self.at(now)}: {', '.join(on_lane)}")
@@ -126,16 +134,30 @@ class Record:
         if dispatches > allowed:
             self.broken.append(f"{involved['name']} was dispatched {dispatches} times at {self.at(now)}")
 
-    def relisted(self, now: float, what: str, present: Iterable[str]) -> None:
-        """After a re-list: what the list no longer holds was deleted while the watch was down."""
-        names = set(present)
+    def listed(self, now: float, what: str, items: list[dict[str, Any]], feed: Feed) -> None:
+        """A (re-)list, taken as one moment: what it no longer holds was deleted while the watch was down,
+        and the lanes are checked once it is all in (one item at a time, a new job beside a stale one
+        would look like two on a lane)."""
+        names = {i["metadata"]["name"] for i in items}
+        self._listing = True
+        try:
+            if what == "pods":
+                for gone in [p for p in self.pods if p not in names]:
+                    del self.pods[gone]
+            elif what == "jobs":
+                for name, track in self.jobs.items():
+                    if name not in names and track.phases and not track.deleted:
+                        self.job(now, "DELETED", {"metadata": {"name": name}})
+            for item in items:
+                feed(now, "LISTED", item)
+        finally:
+            self._listing = False
         if what == "pods":
-            for gone in [p for p in self.pods if p not in names]:
-                del self.pods[gone]
+            for lane in set(self.pods.values()):
+                self._check_pods(now, lane)
         elif what == "jobs":
-            for name, track in self.jobs.items():
-                if name not in names and track.phases and not track.deleted:
-                    self.job(now, "DELETED", {"metadata": {"name": name}})
+            for lane in {t.lane for t in self.jobs.values() if t.lane}:
+                self._check_jobs(now, lane)
 
     def _waiting(self, now: float) -> None:
         active = sum(1 for t in self.jobs.values() if t.phase in ACTIVE and not t.deleted)
@@ -211,10 +233,7 @@ class Watcher:
                 listed = lister(_request_timeout=10)
                 items = [i if isinstance(i, dict) else serialize(i) for i in _items(listed)]
                 with self.record.lock:
-                    now = time.time()
-                    for item in items:
-                        feed(now, "LISTED", item)
-                    self.record.relisted(now, what, (i["metadata"]["name"] for i in items))
+                    self.record.listed(time.time(), what, items, feed)
                 version = _resource_version(listed)
                 for ev in watch.Watch().stream(lister, resource_version=version, timeout_seconds=30,
                                                _request_timeout=40):  # fmt: skip

@@ -68,9 +68,20 @@ def test_two_backend_pods_on_a_lane_are_reported_and_a_deleted_one_is_not_counte
 def test_a_pod_gone_while_the_watch_was_down_is_forgotten_at_the_relist() -> None:
     r = record()
     r.pod(0, "ADDED", pod("p1", "l"))
-    r.relisted(5, "pods", [])
-    r.pod(6, "LISTED", pod("p2", "l"))
+    r.listed(5, "pods", [pod("p2", "l")], r.pod)
+    assert r.broken == [] and r.pods == {"p2": "l"}
+    r.listed(6, "pods", [pod("p2", "l"), pod("p3", "l")], r.pod)
+    assert r.broken == ["lane l had 2 backend pods at 6.0: p2, p3"]
+
+
+def test_a_relist_is_one_moment_a_job_ended_meanwhile_is_not_beside_the_next() -> None:
+    r = record()
+    r.job(0, "ADDED", job("a", "Running", "l"))
+    # The watch was down while a ended and b was dispatched; the list has b first (by name it need not).
+    r.listed(5, "jobs", [job("b", "Running", "l"), job("a", "Succeeded", "l")], r.job)
     assert r.broken == []
+    r.listed(6, "jobs", [job("b", "Running", "l"), job("c", "Dispatching", "l")], r.job)
+    assert r.broken == ["lane l held 2 active jobs at 6.0 (allows 1): b Running, c Dispatching"]
 
 
 def test_a_second_dispatch_is_reported_unless_the_job_was_requeued() -> None:
@@ -94,7 +105,7 @@ def test_lost_and_unfinished_jobs() -> None:
 def test_a_job_deleted_while_the_watch_was_down_is_deleted_at_the_relist() -> None:
     r = record()
     r.job(0, "ADDED", job("a", "Pending"))
-    r.relisted(4, "jobs", [])
+    r.listed(4, "jobs", [], r.job)
     assert r.jobs["a"].deleted and r.unfinished(["a"]) == {}
 
 
