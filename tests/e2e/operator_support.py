@@ -10,6 +10,7 @@ operator's internals.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import signal
 import socket
@@ -36,6 +37,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL it when the test process dies, even killed, so that a stray operator never
+    outlives its session and dispatches the next session's jobs (seen: its writes refused as written once)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class GpulaneProcess:
@@ -66,7 +77,8 @@ class GpulaneProcess:
         if self.uses_cluster:
             argv += ["--kubeconfig", str(self.cluster.kubeconfig)]
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([*argv, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env())
+        self.proc = subprocess.Popen([*argv, *self.extra], stdout=log, stderr=subprocess.STDOUT, env=self.cluster.env(),
+                                     preexec_fn=_die_with_parent)  # fmt: skip
         log.close()
         return self
 
