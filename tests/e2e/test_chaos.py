@@ -5,8 +5,8 @@ checker's verdict. The ten-minute run stays in the benchmarks (`make bench-chaos
 
 It installs the chart, whose operator acts on every lane, so the session's operator steps aside. It runs
 after the other tests (``last``; before the ones that stop the cluster in test_host_given_back.py): it
-restarts kube-apiserver and etcd under the session's cluster, and after many such restarts the local
-cluster was seen to degrade (dispatch writes refused as already written) for whatever ran next.
+restarts kube-apiserver, etcd, the kubelet and containerd under the session's cluster, and no other test
+should depend on how well the cluster's other clients (kwok, the scheduler) weather that.
 """
 
 from __future__ import annotations
