@@ -15,7 +15,7 @@ help:
 	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make bench-operator - on the local cluster: dispatch latency, 5,000 jobs, swaps on the real node, admission, bridge"
-	@echo "make bench-chaos - 10 minutes of faults (leader, pods, apiserver, etcd, webhook, kubelet, containerd); docs/reliability.md"
+	@echo "make bench-chaos - 16 minutes of faults (leader, pods, apiserver, etcd, webhook, kubelet, containerd); docs/reliability.md"
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's and the real node's binaries once (see docs/development.md)"
 	@echo "make images    - the pause, Python base and gpulane images for the real node, without a registry"
@@ -61,7 +61,7 @@ bench-operator: install tools
 	$(BIN)/python bench/bridge.py
 
 bench-chaos: install tools
-	$(BIN)/python bench/chaos.py --minutes 10 --seed 1
+	$(BIN)/python bench/chaos.py --minutes 16 --seed 1
 
 SCENARIOS := $(wildcard scenarios/*.yaml)
 plots: install

@@ -401,7 +401,11 @@ class Chaos:
             unfinished = self.record.unfinished([*self.created, *seen])
             recoveries = self.record.recoveries()
             faults = collections.Counter(f.kind for f in self.record.faults)
-            outcomes = collections.Counter(t.phase for t in self.record.jobs.values())
+            # A job deleted before it ended (a caller who went away) is not left unfinished: say so apart.
+            outcomes = collections.Counter(
+                t.phase if t.phase in TERMINAL or not t.deleted else f"deleted while {t.phase}"
+                for t in self.record.jobs.values()
+            )
         outage = self.outage_report()
         slow = {kind: s for kind, s in recoveries.items() if max(s) > self.args.bound}
         report = {

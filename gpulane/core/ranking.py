@@ -45,13 +45,15 @@ class Ranking(Protocol):
 
 QueueKey = tuple[str, int, str]
 _K = TypeVar("_K", MemberLevel, QueueKey)
-_E = TypeVar("_E", tuple[int, int, str], tuple[float, int, str])
+# A member queue's entry: ((-priority, submission), seq, job id); the oldest-job heap's: (submission, seq, id).
+QueueEntry = tuple[tuple[int, float], int, str]
+_E = TypeVar("_E", QueueEntry, tuple[float, int, str])
 
 
 class FairShareRanking:
     """Priority + tier + affinity + aging, with aging measured per (member, band) queue.
 
-    Each member has a queue per band (ordered by priority inside the band), split by model so
+    Each member has a queue per band (by priority, then submission), split by model so
     that affinity can pick the member's job for the resident model. Only the split queues'
     heads compete. Aging measures how long the member's queue has gone unserved: the clock of
     the member's oldest waiting job starts at the later of its submission and the member's last
@@ -84,7 +86,7 @@ class FairShareRanking:
         # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
         # never reused, so a job re-submitted under a cancelled job's id never revives old entries.
         self._live_seqs: set[int] = set()
-        self._queues: dict[QueueKey, list[tuple[int, int, str]]] = {}
+        self._queues: dict[QueueKey, list[QueueEntry]] = {}
         self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
         self._live_in_queue: dict[QueueKey, int] = {}
         self._live_in_level: dict[MemberLevel, int] = {}
@@ -109,7 +111,9 @@ class FairShareRanking:
         self._live_seqs.add(seq)
         qkey = (*level, job.model)
         queue = self._queues.setdefault(qkey, [])
-        heapq.heappush(queue, (-job.priority, seq, job.id))
+        # By submission inside a priority, not by seq: seq is the order the operator saw the jobs in, which a
+        # restart or a takeover replays differently; the submission time is written and stays.
+        heapq.heappush(queue, ((-job.priority, job.submitted_at), seq, job.id))
         self._live_in_queue[qkey] = self._live_in_queue.get(qkey, 0) + 1
         self._models.setdefault(level, set()).add(job.model)
         oldest = self._oldest.setdefault(level, [])
@@ -254,7 +258,7 @@ class FairShareRanking:
         if level in self._oldest:
             self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
 
-    def _is_stale(self, entry: tuple[float, int, str]) -> bool:
+    def _is_stale(self, entry: QueueEntry | tuple[float, int, str]) -> bool:
         return entry[1] not in self._live_seqs
 
     def _compact(self, heaps: dict[_K, list[_E]], key: _K, live: int) -> None:

@@ -35,7 +35,11 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
 ) -> None:
     """One run, three replicas: A leads and B stands by; A is SIGKILLed and B leads and dispatches; C
     stands by; B is paused (SIGSTOP: no renewal, as partitioned) and C leads; B wakes (SIGCONT) with stale
-    state and a Lease long gone: every write it tries is refused before it is sent, and it exits."""
+    state and a Lease long gone: every write it tries is refused before it is sent, and it exits.
+
+    Three jobs wait through both takeovers, created within one second (``creationTimestamp``'s
+    resolution) in the reverse of their names' order: each new leader dispatches them as they arrived,
+    not by name."""
     operator.stop()  # the suite's operator steps aside for electing replicas
     cluster.kubectl("delete", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
     replicas: list[OperatorProcess] = []
@@ -53,14 +57,26 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         lane, model = world.lane(), world.model("m")
         world.job("first", model)
         world.wait_phase("first", "Running")
-        world.job("second", model)  # waits for the lane's one slot
+        # They wait for the lane's one slot. One apply, just after a second begins: the three share a
+        # creationTimestamp, so only the submission time that A writes at first sight orders them.
+        arrivals = ["wait-c", "wait-b", "wait-a"]
+        while time.time() % 1 > 0.2:
+            time.sleep(0.01)
+        world.apply(*(world.job_doc(name, model) for name in arrivals))
+        created = {world.get(name)["metadata"]["creationTimestamp"] for name in arrivals}
+        assert len(created) == 1, f"the jobs were created in different seconds: {created}"
+        wait_until(lambda: all(world.status(n).get("submittedAt") for n in arrivals), what="submission times")
 
         a.kill()
         killed = time.monotonic()
         world.complete("first")
-        running = world.wait_phase("second", "Running", timeout=60)
+        try:
+            running = world.wait_phase(arrivals[0], "Running", timeout=60)
+        except AssertionError:
+            raise AssertionError({n: world.status(n) for n in arrivals}) from None
         took = time.monotonic() - killed
         assert running["lane"] == lane
+        assert [world.status(n)["phase"] for n in arrivals[1:]] == ["Pending", "Pending"]
         assert leads(b) and f"as {holder(cluster)}" in b.log_path.read_text()
         print(f"from the leader's SIGKILL to the next Running write: {took:.1f}s (Lease 4 s)")
         assert took < 4 + 10, f"the standby took {took:.1f}s to dispatch"
@@ -70,9 +86,8 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         assert b.proc is not None
         b.proc.send_signal(signal.SIGSTOP)
         wait_until(lambda: leads(c), timeout=30, what="the third replica to lead")
-        world.complete("second")
-        world.job("third", model)
-        world.wait_phase("third", "Running", timeout=30)
+        world.complete(arrivals[0])
+        world.wait_phase(arrivals[1], "Running", timeout=30)
         b.proc.send_signal(signal.SIGCONT)  # it wakes with a Lease long expired and stale state
         b.proc.wait(timeout=30)
         log = b.log_path.read_text()
@@ -80,9 +95,9 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         # It woke with work to write (its lane's status, the job it thought was running): every write was
         # refused before it was sent, and the world is as the new leader left it.
         assert "not writing" in log, b.log_tail()
-        assert world.status("third")["phase"] == "Running" and world.status("second")["phase"] == "Succeeded"
+        assert [world.status(n)["phase"] for n in arrivals] == ["Succeeded", "Running", "Pending"]
         assert leads(c)
-        world.complete("third")
+        assert world.run_through(set(arrivals[1:])) == arrivals[1:], "the order of arrival did not hold"
     finally:
         for proc in replicas:
             if proc.proc is not None and proc.proc.poll() is None:

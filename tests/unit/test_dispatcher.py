@@ -125,6 +125,18 @@ def test_younger_jobs_of_a_member_keep_their_order_so_affinity_cannot_starve_the
     assert names(d.handle(JobFinished("ann-sdxl-close"))) == ["ann-whisper"]
 
 
+def test_a_members_jobs_run_in_submission_order_whatever_order_they_were_handed_in():
+    """The order the operator sees jobs in (the seq) is not their arrival: a restart or a takeover replays
+    them in another. Inside a member's queue the submission time decides."""
+    d, clock = dispatcher()
+    busy(d, clock)
+    for name, at in [("c-last", 10.3), ("a-first", 10.1), ("b-second", 10.2)]:
+        d.handle(JobSubmitted(Job(name, "m", 0, "free", "ann", at)))
+    clock.now = 11
+    order = [names(d.handle(JobFinished(done))) for done in ("blocker", "a-first", "b-second")]
+    assert order == [["a-first"], ["b-second"], ["c-last"]]
+
+
 def test_concurrency_fills_slots_with_the_resident_model():
     d, clock = dispatcher(lanes={"gpu-0": "llm"}, models=[ModelSpec("llm", max_concurrency=3)])
     decisions = []

@@ -14,9 +14,13 @@ from .test_operator_controller import NS, SYSTEM, T0, World, no_lane_loops  # no
 
 
 def dispatch_order(w: World, ctl: Controller) -> list[str]:
-    """The waiting jobs in the order the core would dispatch them."""
-    return [job.id.removeprefix(f"{NS}/") for job in sorted(ctl.dispatcher.ranking.pending(),
-            key=lambda j: -ctl.dispatcher.ranking.breakdown(j, "m", w.clock()).total)]  # fmt: skip
+    """The waiting jobs in the order the core dispatches them onto the lane of "m": its picks, one by one,
+    on a copy of the ranking."""
+    ranking, order = ctl.dispatcher.ranking.copy(), []
+    while (best := ranking.best("m")) is not None:
+        ranking.take(best[2], w.clock())
+        order.append(best[2].id.removeprefix(f"{NS}/"))
+    return order
 
 
 def test_jobs_of_the_same_second_keep_their_arrival_order_after_a_restart():
