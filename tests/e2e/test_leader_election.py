@@ -8,8 +8,11 @@ import json
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from gpulane.api.times import parse_time
 
 from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World
 from .support import Cluster, wait_until
@@ -25,9 +28,14 @@ def leads(proc: OperatorProcess) -> bool:
     return proc.metrics().get("gpulane_leader") == 1.0
 
 
-def holder(cluster: Cluster) -> str:
+def lease_spec(cluster: Cluster) -> dict[str, Any]:
     lease = cluster.kubectl("get", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "-o", "json").stdout
-    return str(json.loads(lease)["spec"]["holderIdentity"])
+    spec: dict[str, Any] = json.loads(lease)["spec"]
+    return spec
+
+
+def holder(cluster: Cluster) -> str:
+    return str(lease_spec(cluster)["holderIdentity"])
 
 
 def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_to_write(
@@ -84,7 +92,25 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
 
         c = replica()
         assert b.proc is not None
+        paused = holder(cluster)
         b.proc.send_signal(signal.SIGSTOP)
+        # The fence's gap: B writes only until the start of its last renewal plus the renew deadline (3 s);
+        # C writes from when it took the Lease. The Lease shows both: B's last renewTime (stamped after that
+        # start, so the gap found is a lower bound) and C's acquireTime.
+        renewed: list[float] = []
+
+        def taken_over() -> dict[str, Any] | None:
+            spec = lease_spec(cluster)
+            if spec["holderIdentity"] == paused:
+                renewed.append(parse_time(spec["renewTime"]) or 0.0)
+                return None
+            return spec
+
+        taken = wait_until(taken_over, timeout=30, what="another replica to take the Lease")
+        assert renewed, "the paused leader held no Lease"
+        gap = (parse_time(taken["acquireTime"]) or 0.0) - (renewed[-1] + 3)
+        print(f"the paused leader stopped writing at least {gap:.2f}s before the new one took the Lease")
+        assert gap > 0, f"the new leader took the Lease {-gap:.2f}s before the old one's fence closed"
         wait_until(lambda: leads(c), timeout=30, what="the third replica to lead")
         world.complete(arrivals[0])
         world.wait_phase(arrivals[1], "Running", timeout=30)
