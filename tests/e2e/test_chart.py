@@ -315,3 +315,22 @@ def test_the_chart_renders_and_lints(cluster: Cluster) -> None:
     }
     assert bundles == {secret["data"]["ca.crt"]}
     assert all(d["kind"] != "Deployment" or "bridge" not in d["metadata"]["name"] for d in docs)  # off by default
+
+
+def test_plain_helm_template_renders_and_a_known_old_kubernetes_is_refused(cluster: Cluster) -> None:
+    """GitOps tools render with plain `helm template`, whose Kubernetes is Helm's built-in v1.20.0: that
+    renders. A version that is known (given, or the cluster's at install) must be 1.28 or later."""
+    plain = cluster.helm("template", "r", str(CHART), "-n", "ns")
+    assert any(d and d["kind"] == "Deployment" for d in yaml.safe_load_all(plain.stdout))
+    old = cluster.helm("template", "r", str(CHART), "-n", "ns", "--kube-version", "1.27.3", check=False)
+    assert old.returncode != 0
+    assert "gpulane needs Kubernetes 1.28 or later" in old.stderr and "v1.27.3" in old.stderr, old.stderr
+
+
+def test_the_release_notes_show_the_first_request_and_how_to_watch_the_queue(cluster: Cluster) -> None:
+    notes = cluster.helm("install", "r", str(CHART), "-n", "ns", "--dry-run=client", "--set", "bridge.enabled=true",
+                         "--set", "bridge.keys.existingSecret=keys").stdout  # fmt: skip
+    notes = notes[notes.index("NOTES:") :]
+    assert "curl -s http://r-gpulane-bridge:8090/v1/chat/completions" in notes
+    assert '-H "X-LlamaSwap-Priority: interactive"' in notes
+    assert "kubectl gpulane queue" in notes and "gpulane why JOB" in notes
