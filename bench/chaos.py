@@ -99,6 +99,7 @@ class Chaos:
 
     def install(self) -> None:
         self.cluster.kubectl("apply", "-f", str(REPO / "crds"))
+        self.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")  # the release brings its own
         self.core.create_namespace(
             client.V1Namespace(metadata=client.V1ObjectMeta(name=self.ns, labels={SELECTOR: self.ns}))
         )
@@ -111,6 +112,15 @@ class Chaos:
                 }
             },
             "webhook": {"namespaceSelector": {SELECTOR: self.ns}},
+            # The chart's GpuPolicy trusts its bridge; the bench's kubectl jobs come as the admin.
+            "policy": {
+                "spec": {
+                    "admission": {
+                        "trusted": {"users": ["gpulane-admin"]},
+                        "rules": [{"name": "admins", "users": ["gpulane-admin"], "maxPriority": 100}],
+                    }
+                }
+            },
             "bridge": {
                 "enabled": True,
                 "executeNamespaces": [self.ns],
@@ -123,21 +133,6 @@ class Chaos:
             "install", self.release, str(CHART), "-n", self.ns, "-f", str(values_file), "--wait", "--timeout", "180s"
         )
         self.counts["install seconds"] = round(time.monotonic() - started, 1)
-        bridge_account = f"{self.ns}/{self.fullname}-bridge"
-        self.world.apply(
-            {
-                "apiVersion": "gpulane.io/v1alpha1",
-                "kind": "GpuPolicy",
-                "metadata": {"name": "default"},
-                "spec": {
-                    "admission": {
-                        "trusted": {"serviceAccounts": [bridge_account], "users": ["gpulane-admin"]},
-                        "rules": [{"name": "admins", "users": ["gpulane-admin"], "maxPriority": 100}],
-                    }
-                },
-            }
-        )
-        self.world.cluster_objects.append(("gpupolicies", "default"))
         wait_until(
             lambda: self.world.cluster_status("gpupolicies", "default").get("observedGeneration") == 1,
             timeout=60,

@@ -58,6 +58,7 @@ def leftovers(cluster: Cluster, namespace: str, release: str) -> dict[str, str]:
     for kind, scope in [
         ("deployments,services,serviceaccounts,secrets,roles,rolebindings,pods", ["-n", namespace]),
         ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations", []),
+        ("gpupolicies", []),
     ]:
         out = cluster.kubectl("get", kind, *scope, "-l", selector, "-o", "name").stdout.strip()
         if out:
@@ -113,6 +114,8 @@ def test_the_chart_installs_gpulane_on_the_real_node(
     world = World(cluster, api_client, namespace)
     started = time.monotonic()
     try:
+        # The release creates GpuPolicy "default" itself, so none may exist before (another test's).
+        cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
         install = cluster.helm("install", release, str(CHART), "-n", namespace, "-f", str(values_file),
                                "--wait", "--timeout", "180s", check=False)  # fmt: skip
         assert install.returncode == 0, f"{install.stderr}\n{diagnose(cluster, namespace, release)}"
@@ -163,8 +166,8 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         assert world.wait_phase("first", "Succeeded")["phase"] == "Succeeded"
         wait_until(lambda: not world.get("first")["metadata"].get("finalizers"), what="the finalizer removed")
 
-        # 3. The webhook, reached by the apiserver through its Service: caps a priority (nobody's cap is
-        #    above 0 without a GpuPolicy saying so) and refuses a job naming a missing model.
+        # 3. The webhook, reached by the apiserver through its Service: caps a priority (the chart's policy
+        #    gives callers that no rule names a cap of 0) and refuses a job naming a missing model.
         capped = cluster.kubectl(
             "apply", "-f", "-", input=yaml.safe_dump(world.job_doc("greedy", model, priority=1000))
         )
@@ -194,25 +197,16 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         # The kwok lane goes first, so the job can only land on the real one.
         cluster.kubectl("delete", f"gpulanes.gpulane.io/{lane}", "--wait=true")
         wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the kwok lane's pod gone")
-        # As the chart's NOTES say: the webhook refuses a bridge that names its callers' members until the
-        # GpuPolicy trusts its ServiceAccount. First the refusal, as the OpenAI error the caller gets.
+        # The webhook refuses a bridge that names its callers' members unless the GpuPolicy trusts its
+        # ServiceAccount: the chart's own policy does, from the first call on.
         real_lane, served = world.real_lane(), world.real_model("served")
         bridge = openai.OpenAI(
             base_url=f"http://{service.spec.cluster_ip}:8090/v1", api_key=BRIDGE_KEY, max_retries=0, timeout=120
         )
         wait_until(lambda: served in [m.id for m in bridge.models.list()], what="the bridge to list the model")
         hello = [{"role": "user", "content": "in-cluster"}]
-        with pytest.raises(openai.PermissionDeniedError) as refused_call:
-            bridge.chat.completions.create(model=served, messages=hello)
-        assert "only identities in the policy's admission.trusted may set spec.member" in str(refused_call.value)
-        bridge_account = f"{namespace}/{fullname}-bridge"
-        policy = {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuPolicy", "metadata": {"name": "default"},
-                  "spec": {"admission": {"trusted": {"serviceAccounts": [bridge_account]}}}}  # fmt: skip
-        world.apply(policy)
-        wait_until(
-            lambda: world.cluster_status("gpupolicies", "default").get("observedGeneration") == 1,
-            what="the policy in effect",
-        )
+        policy = world.custom.get_cluster_custom_object("gpulane.io", "v1alpha1", "gpupolicies", "default")
+        assert policy["spec"]["admission"]["trusted"]["serviceAccounts"] == [f"{namespace}/{fullname}-bridge"]
         try:
             answer = bridge.chat.completions.create(model=served, messages=hello)
         except openai.APIError as err:
@@ -230,6 +224,20 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         forged = cluster.kubectl("patch", "gpujob", "manifest", "-n", namespace, "--subresource=status", "--type=merge",
                                  "-p", '{"status":{"result":{"configMap":"forged"}}}', check=False)  # fmt: skip
         assert forged.returncode != 0 and "gpujob-status-validate.gpulane.io" in forged.stderr, forged.stderr
+        # The release owns its policy: an upgrade that drops the bridge's trust reaches the webhook, whose
+        # refusal the caller gets as an OpenAI error.
+        cluster.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
+                     "policy.trustBridge=false", "--wait", "--timeout", "120s")  # fmt: skip
+
+        def refused() -> str | None:
+            try:
+                bridge.chat.completions.create(model=served, messages=hello)
+            except openai.PermissionDeniedError as err:
+                return str(err)
+            return None
+
+        refusal = wait_until(refused, what="the webhook to refuse the bridge it no longer trusts")
+        assert "only identities in the policy's admission.trusted may set spec.member" in refusal
         [pod] = backend_pods(core_v1, namespace)
         assert pod.spec.node_name == localcluster.GPU_NODE and pod.metadata.annotations["gpulane.io/lane"] == real_lane
         cluster.kubectl("delete", f"gpulanes.gpulane.io/{real_lane}", "--wait=true")
@@ -315,6 +323,33 @@ def test_the_chart_renders_and_lints(cluster: Cluster) -> None:
     }
     assert bundles == {secret["data"]["ca.crt"]}
     assert all(d["kind"] != "Deployment" or "bridge" not in d["metadata"]["name"] for d in docs)  # off by default
+
+
+def test_the_chart_renders_gpupolicy_default_from_values_and_trusts_its_bridge(cluster: Cluster) -> None:
+    def policies(*values: str) -> list[dict[str, Any]]:
+        out = cluster.helm("template", "r", str(CHART), "-n", "ns", *values).stdout
+        return [d for d in yaml.safe_load_all(out) if d and d["kind"] == "GpuPolicy"]
+
+    [plain] = policies()
+    assert plain["metadata"]["name"] == "default"
+    assert plain["spec"]["admission"] == {"mode": "cap", "defaultCap": 0, "defaultTier": "free", "rules": [],
+                                          "trusted": {}}  # fmt: skip
+    own_rule = '[{"name": "admins", "groups": ["ops"], "maxPriority": 100}]'
+    bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
+    [with_bridge] = policies(*bridge, "--set", "policy.bridgeMaxPriority=50",
+                             "--set-json", f"policy.spec.admission.rules={own_rule}")  # fmt: skip
+    admission = with_bridge["spec"]["admission"]
+    assert admission["trusted"] == {"serviceAccounts": ["ns/r-gpulane-bridge"]}
+    assert admission["rules"] == [
+        {"name": "admins", "groups": ["ops"], "maxPriority": 100},
+        {"name": "r-bridge", "serviceAccounts": ["ns/r-gpulane-bridge"], "maxPriority": 50},
+    ]
+    assert policies("--set", "policy.create=false") == []
+    hooks = yaml.safe_load_all(cluster.helm("template", "r", str(CHART), "-n", "ns", "--show-only",
+                                            "templates/webhook-configuration.yaml").stdout)  # fmt: skip
+    [validating] = [d for d in hooks if d and d["kind"] == "ValidatingWebhookConfiguration"]
+    policy_hook = next(h for h in validating["webhooks"] if h["name"] == "gpupolicy-validate.gpulane.io")
+    assert policy_hook["failurePolicy"] == "Ignore"  # the release's own policy is created before the webhook runs
 
 
 def test_plain_helm_template_renders_and_a_known_old_kubernetes_is_refused(cluster: Cluster) -> None:
