@@ -12,11 +12,11 @@ FROM ${BASE}
 # USER: the runtime uid 65532 has no passwd entry, and kopf's peering id calls getpass.getuser().
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/opt/gpulane/lib USER=gpulane
 WORKDIR /opt/gpulane/src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY gpulane/ ./gpulane/
 # --target: a plain directory on PYTHONPATH, the same on both bases (Debian's python3 and the official
-# image keep site-packages in different places).
-RUN python3 -m pip install --no-cache-dir --target=/opt/gpulane/lib .
+# image keep site-packages in different places). -c: the versions requirements.lock pins (`make lock`).
+RUN python3 -m pip install --no-cache-dir --target=/opt/gpulane/lib -c requirements.lock .
 WORKDIR /opt/gpulane
 USER 65532:65532
 ENTRYPOINT ["python3", "/opt/gpulane/lib/bin/gpulane"]

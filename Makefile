@@ -4,15 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test unit lint crds demo bench bench-operator bench-chaos plots clean
+.PHONY: install lock test unit lint crds chart demo simulate bench bench-operator bench-chaos plots clean
 .DEFAULT_GOAL := help
 
 help:
-	@echo "make demo      - run the film-versus-interactive simulation and print the policy comparison"
+	@echo "make demo      - set up the local cluster with the real node gpu-0, install the chart, play a film against"
+	@echo "                 interactive calls live, and compare with FIFO and strict priority (docs/demo.md)"
+	@echo "make simulate  - the film-versus-interactive simulation: the policy comparison table, in a second"
 	@echo "make test      - install everything needed, lint, and run the whole suite (unit + e2e)"
 	@echo "make lint      - ruff, and mypy (strict on every package of gpulane)"
-	@echo "make install   - create .venv and install gpulane with its dev extras"
-	@echo "make crds      - regenerate crds/ from the models in gpulane/api/resources.py"
+	@echo "make install   - create .venv and install gpulane with its dev extras, pinned by requirements.lock"
+	@echo "make lock      - refresh requirements.lock within pyproject.toml's ranges (pip-compile)"
+	@echo "make crds      - regenerate crds/ (and the chart's values schema) from gpulane/api/resources.py"
+	@echo "make chart     - lint the chart and package it into dist/gpulane-<version>.tgz"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make bench-operator - on the local cluster: dispatch latency, 5,000 jobs, swaps on the real node, admission, bridge"
 	@echo "make bench-chaos - 16 minutes of faults (leader, pods, apiserver, etcd, webhook, kubelet, containerd); docs/reliability.md"
@@ -23,12 +27,19 @@ help:
 	@echo "make e2e       - only the end-to-end tests against the local control plane"
 
 install: $(STAMP)
-$(STAMP): pyproject.toml
+# pyproject.toml keeps open ranges; requirements.lock pins what is installed (here and in the image).
+$(STAMP): pyproject.toml requirements.lock
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or run make PY=python3.x" >&2; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,plots]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,plots]'
 	@touch $@
+
+# Refresh the pins within pyproject.toml's ranges (pip-tools' pip-compile), then `make install`.
+lock: $(STAMP)
+	$(BIN)/pip install -q pip-tools
+	$(BIN)/pip-compile --quiet --upgrade --all-extras --strip-extras --no-emit-index-url --no-emit-find-links \
+		--output-file requirements.lock pyproject.toml
 
 include hack/cluster.mk
 
@@ -43,10 +54,20 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gpulane
 
+HELM = $$(hack/tools/build.sh --bindir)/helm
+# The chart linted and packaged into dist/ (gpulane-<version>.tgz), CRDs and dashboard included.
+chart: tools
+	@$(HELM) lint --strict charts/gpulane
+	@$(HELM) package charts/gpulane --destination dist
 crds: install
 	$(BIN)/python -m gpulane.api.crd crds
+	$(BIN)/python -m gpulane.api.values_schema charts/gpulane/values.schema.json
 
+# The tools, the cluster and the images are steps of the demo itself, so that it can show their progress.
 demo: install
+	@$(BIN)/python hack/gpulane_demo.py
+
+simulate: install
 	$(BIN)/gpulane simulate scenarios/film-burst-vs-interactive.yaml --compare fifo,strict,llama-swap,gpulane,per-job-aging
 
 bench: install

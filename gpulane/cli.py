@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any, get_args
 
+from gpulane import __version__
 from gpulane.core.policy import FAIR_SHARE_MODES, PolicyError
 from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
@@ -103,10 +104,18 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version(args: argparse.Namespace) -> int:
+    print(f"gpulane {__version__}")
+    return 0
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every command is listed; only ``command``'s module is imported to add its arguments."""
     parser = argparse.ArgumentParser(prog="gpulane", description="Schedule jobs on a one-job-at-a-time GPU.")
+    parser.add_argument("--version", action="version", version=f"gpulane {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    version = commands.add_parser("version", help="print gpulane's version (the image tag the chart defaults to)")
+    version.set_defaults(run=_version)
     sim = commands.add_parser("simulate", help="run a scenario on a virtual clock with the real dispatcher")
     sim.add_argument("scenario", help="scenario YAML file")
     sim.add_argument("--policy", default="gpulane", choices=RANKINGS)

@@ -13,6 +13,7 @@ from pydantic import Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
 from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.retention import MAX_TTL_SECONDS, Retention
 from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
 from gpulane.core.policy import CamelModel, Policy
 
@@ -92,7 +93,8 @@ class GpuJobSpec(CamelModel):
     )
     # Unset means "free" without the webhook; with it, the caller's tier from the policy's rules.
     tier: str | None = Field(default=None, min_length=1, max_length=63, json_schema_extra=immutable("tier"))
-    # Whose fair share the job counts against; defaults to the job's namespace.
+    # Whose fair share the job counts against. The webhook sets it at creation (the caller's user name, or the
+    # namespace with admission.defaultMember: namespace); without a webhook, the operator uses the namespace.
     member: str | None = Field(default=None, min_length=1, max_length=253, json_schema_extra=immutable("member"))
     max_run_seconds: int | None = Field(default=None, ge=1, le=MAX_RUN_SECONDS)
     # The submitter's estimate, used for other jobs' start-time estimates instead of the model's average.
@@ -103,6 +105,9 @@ class GpuJobSpec(CamelModel):
         default=None, ge=1, le=MAX_RUN_SECONDS, json_schema_extra=immutable("queueTimeoutSeconds")
     )
     request: JobRequest | None = None
+    # Seconds after the job ended before the operator deletes it (with its result ConfigMap), as on batch/v1
+    # Jobs; unset: the GpuPolicy's ttlSecondsAfterFinished for its source.
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_TTL_SECONDS)
 
 
 class ScoreTerms(CamelModel):
@@ -251,6 +256,7 @@ class GpuPolicySpec(Policy):
 
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     run_limits: RunLimits = Field(default_factory=RunLimits)
+    ttl_seconds_after_finished: Retention = Field(default_factory=Retention)
 
     @model_validator(mode="after")
     def _admission_fits(self) -> GpuPolicySpec:
@@ -258,8 +264,9 @@ class GpuPolicySpec(Policy):
         return self
 
     def scoring(self) -> Policy:
-        """The core's policy: every field but ``admission`` and ``runLimits``."""
-        return Policy.model_validate(self.model_dump(by_alias=True, exclude={"admission", "run_limits"}))
+        """The core's policy: every field but ``admission``, ``runLimits`` and ``ttlSecondsAfterFinished``."""
+        exclude = {"admission", "run_limits", "ttl_seconds_after_finished"}
+        return Policy.model_validate(self.model_dump(by_alias=True, exclude=exclude))
 
 
 class GpuPolicyStatus(CamelModel):

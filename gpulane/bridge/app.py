@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gpulane.bridge.calls import Call, CallError, queue_timeout, read_call
+from gpulane.bridge.calls import Call, CallError, max_run_seconds, queue_timeout, read_call
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
 from gpulane.kube.client import why
@@ -36,6 +36,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 
 NO_BUFFERING = {"X-Accel-Buffering": "no"}  # tells nginx-style proxies to pass chunks on at once
 SSE_DONE = b"data: [DONE]\n\n"
+DRAIN_POLL_SECONDS = 0.2
 
 
 @dataclass
@@ -73,6 +74,8 @@ class Bridge:
         self.metrics = Metrics()
         self._queued: Counter[str] = Counter()
         self._session: ClientSession | None = None
+        self._in_flight = 0  # calls being handled, queued or running
+        self.draining = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes + 1024)
@@ -100,8 +103,19 @@ class Bridge:
         return web.Response(text="ok\n")
 
     async def readyz(self, _: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(status=503, text="draining: finishing its calls before it stops\n")
         ready = getattr(self.queue, "ready", True)
         return web.Response(text="ok\n") if ready else web.Response(status=503, text="watch not started\n")
+
+    async def drain(self, seconds: float) -> int:
+        """Take no new call (readiness fails, so the Service stops sending any), then let the calls in hand,
+        queued or running, finish, up to ``seconds``. Returns how many were still in hand."""
+        self.draining = True
+        deadline = time.monotonic() + seconds
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        return self._in_flight
 
     async def list_models(self, request: web.Request) -> web.Response:
         try:
@@ -122,7 +136,7 @@ class Bridge:
         headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
         return web.json_response(err.body(), status=err.status, headers=headers)
 
-    async def _judge(self, request: web.Request) -> tuple[Call, Identity, int | None]:
+    async def _judge(self, request: web.Request) -> tuple[Call, Identity, int | None, int]:
         """Everything that can refuse the call, before anything is created or sent. The key is checked
         first, from the headers alone: an unknown caller never makes the bridge read or parse a body."""
         try:
@@ -131,6 +145,7 @@ class Bridge:
             kind = {401: "authentication_error", 403: "permission_error"}.get(err.status, "invalid_request_error")
             raise CallError(err.status, str(err), kind=kind) from None
         timeout = queue_timeout(request.headers)
+        run_limit = max_run_seconds(request.headers, self.settings.max_run_seconds)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -143,17 +158,29 @@ class Bridge:
         if self._queued[identity.member] >= self.settings.max_queued_per_member:
             raise CallError(429, f"member {identity.member!r} has {self.settings.max_queued_per_member} calls waiting",
                             kind="rate_limit_error", retry_after=1)  # fmt: skip
-        return call, identity, timeout
+        return call, identity, timeout, run_limit
 
     async def call(self, request: web.Request) -> web.StreamResponse:
+        if self.draining:  # a call that reached this replica before the Service noticed: another one takes it
+            why = "this bridge replica is shutting down; retry and another replica takes the call"
+            return self._error(CallError(503, why, kind="server_error", code="draining", retry_after=1))
+        self._in_flight += 1
         try:
-            call, identity, timeout = await self._judge(request)
+            return await self._handle(request)
+        finally:
+            self._in_flight -= 1
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        try:
+            call, identity, timeout, run_limit = await self._judge(request)
         except CallError as err:
             return self._error(err)
+        capped = identity.requested > identity.priority
         submission = Submission(call.model, identity.priority, identity.member, identity.tier,
-                                self.settings.max_run_seconds, identity.key, timeout)  # fmt: skip
+                                run_limit, identity.key, timeout,
+                                identity.requested if capped else None)  # fmt: skip
         headers = {"X-Gpulane-Priority": str(identity.priority)}
-        if identity.requested > identity.priority:
+        if capped:
             headers["X-Gpulane-Priority-Capped"] = f"{identity.requested} -> {identity.priority} (key {identity.key})"
         self._queued[identity.member] += 1
         self.metrics.queued.inc()

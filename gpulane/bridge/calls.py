@@ -43,19 +43,32 @@ class CallError(Exception):
 
 
 QUEUE_TIMEOUT_HEADER = "X-Gpulane-Queue-Timeout"
+MAX_RUN_HEADER = "X-Gpulane-Max-Run-Seconds"
 
 
-def queue_timeout(headers: Mapping[str, str]) -> int | None:
-    """The caller's ``X-Gpulane-Queue-Timeout``: how many seconds it waits for its job to start (the
-    GpuPolicy's band default may be smaller; the smaller wins). None when the header is absent."""
-    raw = headers.get(QUEUE_TIMEOUT_HEADER)
+def seconds_header(headers: Mapping[str, str], name: str) -> int | None:
+    """A header of whole seconds from 1 to MAX_RUN_SECONDS, or None when it is absent."""
+    raw = headers.get(name)
     if raw is None:
         return None
     text = raw.strip()
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_RUN_SECONDS:
         wanted = f"a whole number of seconds from 1 to {MAX_RUN_SECONDS}"
-        raise CallError(400, f"{QUEUE_TIMEOUT_HEADER} must be {wanted}, got {raw[:40]!r}", param=QUEUE_TIMEOUT_HEADER)
+        raise CallError(400, f"{name} must be {wanted}, got {raw[:40]!r}", param=name)
     return int(text)
+
+
+def queue_timeout(headers: Mapping[str, str]) -> int | None:
+    """The caller's ``X-Gpulane-Queue-Timeout``: how many seconds it waits for its job to start (the
+    GpuPolicy's band default may be smaller; the smaller wins). None when the header is absent."""
+    return seconds_header(headers, QUEUE_TIMEOUT_HEADER)
+
+
+def max_run_seconds(headers: Mapping[str, str], ceiling: int) -> int:
+    """The call's run limit: the bridge's ``--max-run-seconds``, lowered (never raised) by the caller's
+    ``X-Gpulane-Max-Run-Seconds``. The GpuPolicy's runLimits.maxSeconds bounds both (the webhook caps it)."""
+    asked = seconds_header(headers, MAX_RUN_HEADER)
+    return ceiling if asked is None else min(asked, ceiling)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ RESULT_KEY = "response.json"  # a text answer (JSON, as every OpenAI endpoint bu
 BINARY_KEY = "response.bin"  # any other answer, under binaryData
 # How long a finished job's uid is remembered: late watch events of it (still showing Running) are ignored.
 FORGET_AFTER_SECONDS = 600.0
+DRAIN_POLL_SECONDS = 0.2
 # A ConfigMap holds at most 1 MiB; leave room for its metadata.
 MAX_ANSWER_BYTES = 900 * 1024
 
@@ -59,19 +61,39 @@ class ManifestExecutor:
         self.max_answer_bytes = max_answer_bytes
         self._running: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._runs: set[asyncio.Task[None]] = set()  # executions in progress (the rest are watches and claims)
+        self._claims: dict[str, Body] = {}  # uid -> the latest metadata of a job we claimed that has not run yet
+        self.draining = False
 
     def start(self) -> None:
         self.session = ClientSession(timeout=ClientTimeout(total=None, sock_connect=10))
 
         def deliver(kind: str, obj: dict[str, Any]) -> None:
-            if kind != "DELETED" and (obj.get("spec") or {}).get("request"):
+            if kind == "DELETED":
+                self._claims.pop(obj["metadata"].get("uid", ""), None)
+            elif (obj.get("spec") or {}).get("request"):
                 self._seen(obj)
 
         for namespace in self.namespaces:
             self._spawn(watch_jobs(self.kube, namespace, None, deliver))
 
+    async def drain(self, seconds: float) -> int:
+        """Claim nothing new and give back the claims of jobs that have not started (another replica takes
+        them), then let running executions finish, up to ``seconds``. Returns how many were still running."""
+        self.draining = True
+        await asyncio.gather(*(self._unclaim(meta) for meta in list(self._claims.values())))
+        deadline = time.monotonic() + seconds
+        while self._runs and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        return len(self._runs)
+
+    async def _unclaim(self, meta: Body) -> None:
+        patch = {"metadata": {"resourceVersion": meta["resourceVersion"], "annotations": {EXECUTOR_LEASE: None}}}
+        with contextlib.suppress(Conflict, Gone):  # it changed (it may run now: then we run it) or is gone
+            await self.kube.patch_job(meta["namespace"], meta["name"], patch)
+
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._runs]:
             task.cancel()
         if self.session is not None:
             await self.session.close()
@@ -83,14 +105,21 @@ class ManifestExecutor:
         meta, status = obj["metadata"], obj.get("status") or {}
         phase = status.get("phase")
         if phase in TERMINAL_PHASES or meta.get("deletionTimestamp"):
+            self._claims.pop(meta["uid"], None)
             return
         claimed = (meta.get("annotations") or {}).get(EXECUTOR_LEASE)
-        if not claimed:
+        ours = claimed == self._qualified()
+        if ours and phase != "Running":
+            self._claims[meta["uid"]] = meta
+        if not claimed and not self.draining:
             self._spawn(self._claim(meta))
-        elif claimed == self._qualified() and phase == "Running" and meta["uid"] not in self._running:
+        elif ours and phase == "Running" and meta["uid"] not in self._running:
             # By uid: a job deleted and created again under its name is another job, and runs.
+            self._claims.pop(meta["uid"], None)
             self._running.add(meta["uid"])
-            self._spawn(self._run(obj))
+            run = asyncio.create_task(self._run(obj))
+            self._runs.add(run)
+            run.add_done_callback(self._runs.discard)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLICA_LABEL, Body
+from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLICA_LABEL, REQUESTED_PRIORITY, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.api.times import format_time
 from gpulane.bridge.calls import CallError
@@ -40,6 +40,7 @@ class Submission:
     max_run_seconds: int
     key: str  # the API key's name, as a label for whoever reads the queue
     queue_timeout_seconds: int | None = None  # X-Gpulane-Queue-Timeout
+    requested_priority: int | None = None  # what the caller asked for, when its key capped it lower
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +202,8 @@ class KubeJobQueue:
         }
         if submission.queue_timeout_seconds is not None:
             manifest["spec"]["queueTimeoutSeconds"] = submission.queue_timeout_seconds
+        if submission.requested_priority is not None:  # as the webhook records its own caps
+            manifest["metadata"]["annotations"][REQUESTED_PRIORITY] = str(submission.requested_priority)
         try:
             await self.kube.create_job(manifest)
         except ApiException as err:

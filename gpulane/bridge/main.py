@@ -13,6 +13,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from gpulane.api.run_limits import MAX_RUN_SECONDS
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import KubeJobQueue
@@ -47,11 +48,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     parser.add_argument("--max-queued", type=int, default=defaults.max_queued)
     parser.add_argument("--max-queued-per-member", type=int, default=defaults.max_queued_per_member)
-    parser.add_argument("--max-run-seconds", type=int, default=defaults.max_run_seconds)
+    parser.add_argument("--max-run-seconds", type=int, default=defaults.max_run_seconds,
+                        help="each call's GpuJob maxRunSeconds: a call running longer is failed by the operator "
+                        "(default %(default)s); a call's X-Gpulane-Max-Run-Seconds may lower it, and the "
+                        "GpuPolicy's runLimits.maxSeconds bounds it")  # fmt: skip
     parser.add_argument("--execute-namespace", action="append", default=[], metavar="NAMESPACE",
                         dest="execute_namespaces",
                         help="run the GpuJobs applied with kubectl in NAMESPACE that carry spec.request "
                         "(repeatable; none: only the bridge's own calls run)")  # fmt: skip
+    parser.add_argument("--drain-seconds", type=float, default=300.0,
+                        help="on SIGTERM: how long the calls in hand (and kubectl jobs it executes) may take to "
+                        "finish, while readiness fails and new calls get a 503 (default %(default)s); give the pod "
+                        "a terminationGracePeriodSeconds above it")  # fmt: skip
     parser.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -59,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    if args.drain_seconds < 0:
+        raise SystemExit(f"error: --drain-seconds cannot be negative, got {args.drain_seconds}")
+    if not 1 <= args.max_run_seconds <= MAX_RUN_SECONDS:
+        raise SystemExit(f"error: --max-run-seconds must be from 1 to {MAX_RUN_SECONDS}, got {args.max_run_seconds}")
     try:
         keys = KeyRing.load(args.keys_file)
     except KeysError as err:
@@ -93,6 +105,11 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    log = logging.getLogger(__name__)
+    log.info("draining: no new calls; waiting up to %.0fs for the calls and executions in hand", args.drain_seconds)
+    left = await asyncio.gather(bridge.drain(args.drain_seconds), executor.drain(args.drain_seconds))
+    if any(left):
+        log.warning("drain time over: cancelling %d calls and %d executions still in hand", *left)
     reloads.cancel()
     await runner.cleanup()
     await executor.stop()

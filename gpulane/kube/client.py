@@ -238,9 +238,11 @@ class Kube:
         )
         return body
 
-    async def delete_job(self, namespace: str, name: str) -> None:
+    async def delete_job(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete a GpuJob; with ``uid``, only that one (another created under its name since is Conflict)."""
+        options = {"preconditions": {"uid": uid}} if uid else None
         await self._write("job-delete", self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace,
-                          "gpujobs", name)  # fmt: skip
+                          "gpujobs", name, body=options)  # fmt: skip
 
     async def apply_lease(self, name: str, holder: str, duration: int, now: float) -> None:
         """Create or renew the Lease ``name`` in our namespace, held by ``holder``."""

@@ -44,6 +44,7 @@ from gpulane.operator.metrics import Metrics, queue_snapshot
 from gpulane.operator.models import learn
 from gpulane.operator.nodes import lane_node_problem
 from gpulane.operator.observed import Observed
+from gpulane.operator.retention import Expiries
 from gpulane.operator.settings import Settings
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import (
@@ -67,6 +68,7 @@ class Controller:
         self.jobs = JobTable()
         self.observed = Observed()
         self.history = DispatchHistory()
+        self.expiries = Expiries()
         self.lanes: dict[str, LaneRunner] = {}
         self.ready = False
         self.metrics = Metrics(lambda: queue_snapshot(self.dispatcher, self.clock()))
@@ -105,12 +107,14 @@ class Controller:
 
     def tick(self) -> None:
         """One pass: active jobs past a deadline end (``deadlines``), waiting jobs past their queue deadline
-        expire (``notices``), and every lane looks at its load again."""
+        expire (``notices``), finished jobs past their TTL go (``retention``), and every lane looks again."""
         now = self.clock()
         for view in self.jobs:
             if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
         notices.expire_due(self, now)
+        for namespace, name, uid in self.expiries.due(now):
+            self.spawn(self._delete_finished(namespace, name, uid, now))
         for lane in self.lanes.values():
             lane.kick()
 
@@ -143,6 +147,7 @@ class Controller:
             self._forget(view)
             view = None
         if kind == "DELETED":
+            self.expiries.gone(meta.get("uid", ""))
             if view is not None:
                 self._forget(view)
             return
@@ -156,6 +161,8 @@ class Controller:
                 self._executor_finished(view, status)
             if FINALIZER in finalizers:
                 self.spawn(self.writes.drop_finalizer(meta["namespace"], meta["name"], finalizers))
+            if phase in TERMINAL_PHASES:
+                self.expiries.finished(body, self.observed.retention, self.clock())
         elif view is None:
             if phase in ("Dispatching", "Running"):
                 rebuild.adopt(self, body)
@@ -208,6 +215,10 @@ class Controller:
             self.release(view, None)
         elif self.jobs.release(view) and view.state == JobState.PENDING:
             self.apply(JobCancelled(view.key))
+
+    async def _delete_finished(self, namespace: str, name: str, uid: str, now: float) -> None:
+        if await self.expiries.delete(self.kube, namespace, name, uid, now):
+            self.metrics.jobs_expired.inc()
 
     def release(self, view: JobView, run_seconds: float | None) -> None:
         """The job no longer holds capacity: tell the core, and let the lane start the next."""

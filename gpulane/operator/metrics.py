@@ -81,6 +81,9 @@ class Metrics:
         self.leader_transitions = Counter(
             "gpulane_leader_transitions_total", "Times this replica took the operator's Lease or lost it", registry=r
         )
+        self.jobs_expired = Counter(
+            "gpulane_jobs_expired_total", "Finished jobs deleted after their ttlSecondsAfterFinished", registry=r
+        )
         self.job_failures = Counter(
             "gpulane_job_failures_total", "Jobs failed by gpulane, per reason", ["reason"], registry=r
         )

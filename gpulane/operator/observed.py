@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from gpulane.api.backend_pods import PodState
 from gpulane.api.resources import GpuModelSpec
+from gpulane.api.retention import Retention
 from gpulane.api.run_limits import RunLimits
 from gpulane.operator.nodes import NodeState
 
@@ -22,3 +23,4 @@ class Observed:
     leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires
     run_limits: RunLimits = field(default_factory=RunLimits)  # the GpuPolicy's, or the defaults without one
     pending_cap: int | None = None  # the GpuPolicy's admission.maxPendingPerNamespace
+    retention: Retention = field(default_factory=Retention)  # the GpuPolicy's ttlSecondsAfterFinished

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from gpulane.admission.review import Refused, validate_policy
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuPolicyStatus
+from gpulane.api.retention import Retention
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
 from gpulane.operator.job_writes import JobWrites
@@ -34,6 +35,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
     if kind == "DELETED":
         host.use_policy(Policy())
         host.observed.run_limits, host.observed.pending_cap = RunLimits(), None
+        host.observed.retention = Retention()
         host.policy_generation = None
         return
     generation = meta.get("generation")
@@ -50,6 +52,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         host.use_policy(parsed.scoring())
         host.observed.run_limits = parsed.run_limits
         host.observed.pending_cap = parsed.admission.max_pending_per_namespace
+        host.observed.retention = parsed.ttl_seconds_after_finished
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
     host.policy_generation = generation
     conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)

@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,12 +35,25 @@ from .layout import HACK, REPO
 PAUSE_IMAGE = "gpulane.local/pause:3.10"
 BASE_IMAGE = "gpulane.local/python-base:bookworm"
 PROJECT_IMAGE = "gpulane.local/gpulane:dev"
+
+
+def _version() -> str:
+    """gpulane's version, read from the source (this module runs without the package installed too)."""
+    found = re.search(r'^__version__ = "([^"]+)"$', (REPO / "gpulane" / "__init__.py").read_text(), re.M)
+    if found is None:
+        raise ClusterError("gpulane/__init__.py does not set __version__")
+    return found[1]
+
+
+# The chart defaults its image tag to its appVersion, the gpulane version: the project image carries both.
+PROJECT_TAGS = (PROJECT_IMAGE, f"gpulane.local/gpulane:{_version()}")
+
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("GPULANE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 BASE_PACKAGES = ("python3",)
 BASE_PYTHON = "3.11"  # Debian bookworm's python3; the host's pip must match it (see assemble_dockerfile)
 # Bump when the way an image is assembled changes, so cached archives are rebuilt.
-RECIPE = "1"
+RECIPE = "2"  # 2: the project image is tagged with the version too
 
 
 @dataclass(frozen=True)
@@ -82,12 +96,13 @@ def _config(diff_ids: list[str], settings: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_archive(path: Path, name: str, layers: list[Path], settings: dict[str, Any]) -> None:
-    """A docker-archive that `ctr images import` (and `docker load`) reads: one config, layer tars."""
+def write_archive(path: Path, names: tuple[str, ...], layers: list[Path], settings: dict[str, Any]) -> None:
+    """A docker-archive that `ctr images import` (and `docker load`) reads: one config, layer tars, and
+    the image's names (tags)."""
     diff_ids = [_file_sha256(layer) for layer in layers]
     config = json.dumps(_config(diff_ids, settings), sort_keys=True).encode()
     config_name = f"{hashlib.sha256(config).hexdigest()}.json"
-    manifest = [{"Config": config_name, "RepoTags": [name], "Layers": [f"{d}/layer.tar" for d in diff_ids]}]
+    manifest = [{"Config": config_name, "RepoTags": list(names), "Layers": [f"{d}/layer.tar" for d in diff_ids]}]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     with tarfile.open(tmp, "w") as out:
@@ -141,7 +156,7 @@ def build_pause(log: Log) -> Image:
             raise ClusterError(f"go build of hack/node/pause failed:\n{proc.stderr}")
         layer = Path(tmp) / "layer.tar"
         _layer_from_dir(root, layer)
-        write_archive(archive, PAUSE_IMAGE, [layer], {"Entrypoint": ["/pause"]})
+        write_archive(archive, (PAUSE_IMAGE,), [layer], {"Entrypoint": ["/pause"]})
     return Image(PAUSE_IMAGE, archive, key)
 
 
@@ -187,7 +202,7 @@ def build_base(log: Log) -> tuple[Image, Path]:
         tmp.replace(layer)
     if not archive.exists():
         settings = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["python3"]}
-        write_archive(archive, BASE_IMAGE, [layer], settings)
+        write_archive(archive, (BASE_IMAGE,), [layer], settings)
     return Image(BASE_IMAGE, archive, key), layer
 
 
@@ -361,7 +376,7 @@ def build_project(base: Image, base_layer: Path, log: Log) -> Image:
         asm = assemble_dockerfile(dockerfile, REPO, root, {"BASE": BASE_IMAGE}, log)
         layer = Path(tmp) / "layer.tar"
         _layer_from_dir(root, layer)
-        write_archive(archive, PROJECT_IMAGE, [base_layer, layer], asm.settings())
+        write_archive(archive, PROJECT_TAGS, [base_layer, layer], asm.settings())
     return Image(PROJECT_IMAGE, archive, key)
 
 

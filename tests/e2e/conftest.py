@@ -27,6 +27,8 @@ from kubernetes import client, config
 from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World
 from .support import REPO, Cluster, localcluster, wait_until
 
+from localdemo import release as demo  # isort: skip  (hack/, put on sys.path by .support)
+
 CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies")]
 
 
@@ -111,7 +113,10 @@ def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iter
 
 @pytest.fixture(scope="session")
 def crds(cluster: Cluster, core_v1: client.CoreV1Api) -> None:
-    """gpulane's CRDs (from crds/, as committed) and the operator's namespace."""
+    """gpulane's CRDs (from crds/, as committed) and the operator's namespace. A `make demo` left running
+    goes first: its operator and webhook would act on this session's lanes and jobs."""
+    if cluster.kubectl("get", "namespace", demo.NAMESPACE, "--ignore-not-found", "-o", "name").stdout.strip():
+        demo.remove(demo.Tools(cluster.info.bindir, cluster.kubeconfig))
     cluster.kubectl("apply", "-f", str(REPO / "crds"))
     cluster.kubectl("wait", "--for=condition=Established", *CRD_NAMES, "--timeout=60s")
     cluster.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)

@@ -197,6 +197,7 @@ class BridgeProcess(GpulaneProcess):
             "bridge", "--namespace", self.namespace, "--keys-file", str(self.keys_file),
             "--host", "127.0.0.1", "--port", str(self.port), "--replica", f"e2e-{self.port}",
             "--execute-namespace", self.namespace, "--backend-namespace", OPERATOR_NAMESPACE,
+            "--drain-seconds", "0",  # stop() as before the drain: calls in hand are cancelled at once
         ]  # fmt: skip
 
     def ready(self) -> bool:
@@ -299,12 +300,14 @@ class World:
         self.real_lanes.append(name := self.lane(stem, node=localcluster.GPU_NODE))
         return name
 
-    def real_model(self, stem: str, load_seconds: float = 1.0, **spec: Any) -> str:
+    def real_model(self, stem: str, load_seconds: float = 1.0, request_seconds: float = 0.0, **spec: Any) -> str:
         """A GpuModel served by ``gpulane fake-backend`` from the project's image (imported by ``make images``):
-        its pod is Ready once the server has "loaded" (``/health`` answers 503 for ``load_seconds``)."""
+        its pod is Ready once the server has "loaded" (``/health`` answers 503 for ``load_seconds``), and
+        each call takes ``request_seconds``."""
         name = self.name(stem)
         args = ["fake-backend", "--host", "0.0.0.0", "--port", "8000", "--model", name,
-                "--load-seconds", str(load_seconds), "--chunk-delay", "0.01"]  # fmt: skip
+                "--load-seconds", str(load_seconds), "--chunk-delay", "0.01",
+                "--request-seconds", str(request_seconds)]  # fmt: skip
         body = {"image": localcluster.images.PROJECT_IMAGE, "args": args, "loadTimeoutSeconds": 60,
                 "expectedRunSeconds": 5, **spec}  # fmt: skip
         self.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": body})

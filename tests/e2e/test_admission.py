@@ -129,6 +129,32 @@ def test_an_untrusted_users_priority_is_capped_with_a_warning(world: World, admi
     assert alias.stderr == "" and world.get("alias")["spec"]["priority"] == -100
 
 
+def test_the_examples_pass_admission_as_a_plain_user_and_every_job_names_its_request(
+    world: World, admission: WebhookProcess
+) -> None:
+    """examples/ as alice applies them (server-side dry run: the webhook's answer, nothing stored), into
+    this test's namespace and onto its model."""
+    policy(world)
+    docs = [
+        d
+        for name in ("02-film.yaml", "03-image.yaml")
+        for d in yaml.safe_load_all((REPO / "examples" / name).read_text())
+    ]
+    for doc in docs:
+        doc["metadata"]["namespace"] = world.namespace
+        doc["spec"]["model"] = doc["spec"]["request"]["body"]["model"] = world.name("sdxl")
+    proc = world.cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", *ALICE,
+                                 input=yaml.safe_dump_all(docs))  # fmt: skip
+    admitted = json.loads(proc.stdout)["items"]
+    assert len(admitted) == len(docs) == 6
+    assert {j["spec"]["member"] for j in admitted} == {"alice"}  # the webhook's, from the caller
+    assert {j["spec"]["tier"] for j in admitted} == {"free"}
+    image = next(j for j in admitted if j["metadata"]["name"] == "bobs-image")
+    assert image["spec"]["priority"] == 0  # alice's cap, with a warning
+    assert "capped" in proc.stderr
+    assert all(j["spec"]["request"]["path"].startswith("/v1/") for j in admitted)  # an executor can run each
+
+
 def test_in_reject_mode_an_over_cap_job_is_refused(world: World, admission: WebhookProcess) -> None:
     policy(world, mode="reject")
     proc = submit(world, "greedy", *ALICE, priority=1000, check=False)

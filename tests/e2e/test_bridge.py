@@ -159,7 +159,9 @@ def test_a_capped_priority_is_reported_in_a_response_header(setup: Setup) -> Non
         model=setup.model, messages=[{"role": "user", "content": "hi"}]
     )
     assert raw.headers["X-Gpulane-Priority-Capped"] == "100 -> 0 (key bob)"
-    assert setup.jobs()[0]["spec"]["priority"] == 0
+    [job] = setup.jobs()
+    assert job["spec"]["priority"] == 0
+    assert job["metadata"]["annotations"]["gpulane.io/requested-priority"] == "100"  # as the webhook records it
 
 
 def test_a_client_that_leaves_frees_its_place_and_its_gpu(setup: Setup) -> None:
@@ -213,7 +215,9 @@ def test_a_killed_bridge_frees_the_lane_within_its_lease(setup: Setup) -> None:
 def test_a_manifest_job_with_a_request_is_executed_and_its_answer_stored(setup: Setup) -> None:
     world = setup.world
     body = {"model": setup.model, "messages": [{"role": "user", "content": "from kubectl"}]}
-    world.job("manifest", setup.model, request={"path": "/v1/chat/completions", "body": body})
+    world.job(
+        "manifest", setup.model, request={"path": "/v1/chat/completions", "body": body}, ttlSecondsAfterFinished=5
+    )
     done = world.wait_phase("manifest", "Succeeded", "Failed", timeout=60)
     assert done["phase"] == "Succeeded", done
     result = done["result"]
@@ -222,6 +226,11 @@ def test_a_manifest_job_with_a_request_is_executed_and_its_answer_stored(setup: 
     answer = json.loads(stored.data["response.json"])
     assert "from kubectl" in answer["choices"][0]["message"]["content"]
     assert stored.metadata.owner_references[0].name == "manifest", "deleting the job deletes its answer"
+    # Its ttlSecondsAfterFinished passed: the operator deletes the job, the garbage collector its answer.
+    wait_until(lambda: "manifest" not in {j["metadata"]["name"] for j in world.jobs()}, timeout=30, what="job gone")
+    selector = f"metadata.name={result['configMap']}"
+    wait_until(lambda: not world.core.list_namespaced_config_map(world.namespace, field_selector=selector).items,
+               timeout=30, what="its result ConfigMap gone")  # fmt: skip
 
 
 def test_over_the_queue_cap_a_call_gets_429_with_retry_after(setup: Setup, cluster: Cluster, tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ configuration with ``failurePolicy: Fail`` would break every later test.
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
 import time
 import urllib.request
 import uuid
@@ -21,6 +23,8 @@ import openai
 import pytest
 import yaml
 from kubernetes import client
+
+from gpulane import __version__
 
 from .operator_support import World
 from .support import REPO, Cluster, localcluster, wait_until
@@ -128,7 +132,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             assert pod.spec.node_name == localcluster.GPU_NODE, (component, pod.spec.node_name)
             assert ready(pod), (component, pod.status.conditions)
             container = pod.spec.containers[0]
-            assert container.image == "gpulane.local/gpulane:dev"
+            assert container.image == f"gpulane.local/gpulane:{__version__}"  # the tag defaults to appVersion
             assert container.security_context.read_only_root_filesystem is True
             if pod.status.container_statuses[0].restart_count:
                 previous = cluster.kubectl("logs", "-n", namespace, pod.metadata.name, "--previous", "--tail=40",
@@ -224,6 +228,25 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         forged = cluster.kubectl("patch", "gpujob", "manifest", "-n", namespace, "--subresource=status", "--type=merge",
                                  "-p", '{"status":{"result":{"configMap":"forged"}}}', check=False)  # fmt: skip
         assert forged.returncode != 0 and "gpujob-status-validate.gpulane.io" in forged.stderr, forged.stderr
+        # A rollout mid-render: the old bridge pod drains (its readiness fails, the call in hand goes on), so
+        # the render's answer still arrives while `helm upgrade` replaces the pod.
+        render = world.real_model("render", request_seconds=8)
+        wait_until(lambda: render in [m.id for m in bridge.models.list()], what="the bridge to list the render model")
+        answers: list[Any] = []
+        caller = threading.Thread(target=lambda: answers.append(
+            bridge.chat.completions.create(model=render, messages=[{"role": "user", "content": "long render"}])
+        ))  # fmt: skip
+        caller.start()
+        wait_until(lambda: any(j["spec"]["model"] == render and (j.get("status") or {}).get("phase") == "Running"
+                               for j in world.jobs()), timeout=60, what="the render running")  # fmt: skip
+        old_bridge = pods_of(core_v1, namespace, release)["bridge"].metadata.name
+        cluster.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
+                     "bridge.podAnnotations.rollout=render", "--wait", "--timeout", "120s")  # fmt: skip
+        caller.join(timeout=60)
+        assert answers and render in str(answers[0].choices[0].message.content), "the render's answer arrived"
+        assert pods_of(core_v1, namespace, release)["bridge"].metadata.name != old_bridge, "the pod was replaced"
+        drained = cluster.kubectl("logs", "-n", namespace, old_bridge, check=False).stdout
+        assert not drained or "draining" in drained, drained[-2000:]
         # The release owns its policy: an upgrade that drops the bridge's trust reaches the webhook, whose
         # refusal the caller gets as an OpenAI error.
         cluster.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
@@ -252,12 +275,12 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             ("list", "secrets", "-n", namespace),
             ("create", "pods", "-n", "default"),
             ("delete", "pods", "-n", "kube-system"),
-            ("delete", "gpujobs.gpulane.io", "-A"),
             ("update", "gpulanes.gpulane.io"),
             ("create", "mutatingwebhookconfigurations"),
         ]:
             assert can_i(cluster, operator_sa, *denied) == "no", denied
         assert can_i(cluster, operator_sa, "update", "leases/gpulane-operator", "-n", namespace) == "yes"
+        assert can_i(cluster, operator_sa, "delete", "gpujobs.gpulane.io", "-A") == "yes"  # finished, past their TTL
         assert can_i(cluster, operator_sa, "update", "leases/someone-else", "-n", namespace) == "no"
         webhook_sa = f"system:serviceaccount:{namespace}:{fullname}-webhook"
         assert can_i(cluster, webhook_sa, "patch", "gpujobs.gpulane.io", "-A") == "no"
@@ -369,3 +392,132 @@ def test_the_release_notes_show_the_first_request_and_how_to_watch_the_queue(clu
     assert "curl -s http://r-gpulane-bridge:8090/v1/chat/completions" in notes
     assert '-H "X-LlamaSwap-Priority: interactive"' in notes
     assert "kubectl gpulane queue" in notes and "gpulane why JOB" in notes
+
+
+def test_the_chart_creates_lanes_and_models_from_values(cluster: Cluster, tmp_path: Path) -> None:
+    values = {
+        "lanes": [
+            {"name": "gpu-0", "spec": {"nodeName": "gpu-0"}},
+            {"name": "big", "spec": {"nodeSelector": {"gpu": "a100"}, "count": 2}},
+        ],
+        "models": [{"name": "llama", "spec": {"image": "llama:1", "args": ["--port", "8000"], "port": 8000}}],
+    }
+    (values_file := tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    out = cluster.helm("template", "r", str(CHART), "-n", "ns", "-f", str(values_file)).stdout
+    made = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    assert made["GpuLane", "gpu-0"]["spec"] == {"nodeName": "gpu-0"}
+    assert made["GpuLane", "big"]["spec"] == {"nodeSelector": {"gpu": "a100"}, "count": 2}
+    assert made["GpuModel", "llama"]["spec"] == values["models"][0]["spec"]  # type: ignore[index]
+    assert made["GpuModel", "llama"]["metadata"]["labels"]["app.kubernetes.io/instance"] == "r"
+    plain = cluster.helm("template", "r", str(CHART), "-n", "ns").stdout
+    assert not [d for d in yaml.safe_load_all(plain) if d and d["kind"] in ("GpuLane", "GpuModel")]
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"operator": {"replicas": "two"}}, "/operator/replicas"),
+        ({"opertor": {"replicas": 2}}, "opertor"),
+        ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+        ({"models": [{"name": "m", "spec": {"image": "x", "port": 0}}]}, "/models/0/spec/port"),
+        ({"models": [{"name": "m"}]}, "/models/0"),
+        ({"lanes": [{"name": "gpu-0", "spec": {"nodeNmae": "gpu-0"}}]}, "nodeNmae"),
+        ({"policy": {"spec": {"admission": {"mode": "capped"}}}}, "/policy/spec/admission/mode"),
+        ({"policy": {"spec": {"bandSpacing": -5}}}, "/policy/spec/bandSpacing"),
+    ],
+)
+def test_bad_values_fail_the_install_and_name_the_field(
+    cluster: Cluster, tmp_path: Path, values: dict[str, Any], where: str
+) -> None:
+    """values.schema.json: hand-written for the chart's own values, the CRDs' schemas for lanes, models and
+    policy.spec (generated by `make crds`), so a typo fails before anything reaches the cluster."""
+    (values_file := tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    proc = cluster.helm("template", "r", str(CHART), "-n", "ns", "-f", str(values_file), check=False)
+    assert proc.returncode != 0, proc.stdout[:500]
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert where in proc.stderr, proc.stderr
+
+
+def rendered(cluster: Cluster, *values: str) -> dict[tuple[str, str], dict[str, Any]]:
+    out = cluster.helm("template", "r", str(CHART), "-n", "ns", *values).stdout
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+
+
+def test_observability_network_policies_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
+    bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
+    plain = rendered(cluster, *bridge)
+    assert not {k for k in plain if k[0] in ("ServiceMonitor", "NetworkPolicy")}
+    assert ("ConfigMap", "r-gpulane-dashboard") not in plain
+    made = rendered(cluster, *bridge, "--set", "metrics.serviceMonitor.enabled=true", "--set",
+                    "metrics.dashboard.enabled=true", "--set", "networkPolicy.enabled=true", "--set-json",
+                    'networkPolicy.metricsNamespaces=["monitoring"]', "--set-json",
+                    'networkPolicy.bridgeClientNamespaces=["apps"]', "--set", "tests.apiKey=sk-test")  # fmt: skip
+    monitor = made["ServiceMonitor", "r-gpulane"]["spec"]
+    assert {e["port"] for e in monitor["endpoints"]} == {"http-metrics", "http"}
+    dashboard = made["ConfigMap", "r-gpulane-dashboard"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    grafana = json.loads((REPO / "deploy" / "grafana" / "gpulane-dashboard.json").read_text())
+    assert json.loads(dashboard["data"]["gpulane.json"]) == grafana
+    webhook = made["NetworkPolicy", "r-gpulane-webhook"]["spec"]
+    assert webhook["ingress"] == [{"ports": [{"port": 9443, "protocol": "TCP"}]}]
+    [metrics] = made["NetworkPolicy", "r-gpulane-operator"]["spec"]["ingress"]
+    assert metrics["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    peers = made["NetworkPolicy", "r-gpulane-bridge"]["spec"]["ingress"][0]["from"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}} in peers
+    test_pod = made["Pod", "r-gpulane-test-bridge"]
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert {"name": "API_KEY", "value": "sk-test"} in test_pod["spec"]["containers"][0]["env"]
+    # Every container of every workload has both probes, and ephemeral-storage in its resources.
+    for (kind, name), doc in made.items():
+        if kind == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                assert "livenessProbe" in container and "readinessProbe" in container, name
+                assert "ephemeral-storage" in container["resources"]["limits"], name
+
+
+def test_the_packaged_chart_is_versioned_lints_and_renders(cluster: Cluster, tmp_path: Path) -> None:
+    """`make chart`'s steps: the package carries the chart's version and the CRDs (the symlinks resolved)."""
+    cluster.helm("package", str(CHART), "--destination", str(tmp_path))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    package = tmp_path / f"gpulane-{chart['version']}.tgz"
+    assert package.is_file(), sorted(p.name for p in tmp_path.iterdir())
+    assert "0 chart(s) failed" in cluster.helm("lint", "--strict", str(package)).stdout
+    out = cluster.helm("template", "r", str(package), "-n", "ns", "--include-crds", "--set",
+                       "metrics.dashboard.enabled=true").stdout  # fmt: skip
+    kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
+    assert kinds.count("CustomResourceDefinition") == 4 and "ConfigMap" in kinds
+
+
+def test_a_crd_upgrade_adds_a_field_through_helm_show_crds(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    """docs/chart.md, Upgrade: Helm never upgrades crds/, so an upgrade applies the new chart's CRDs first
+    (`helm show crds CHART | kubectl apply --server-side --force-conflicts -f -`). Here the cluster has an
+    older GpuJob CRD without spec.ttlSecondsAfterFinished: kubectl's strict field validation refuses a
+    job that sets it, as a user who skipped the CRD upgrade would see. After the upgrade path it is kept."""
+    crd_file = REPO / "crds" / "gpulane.io_gpujobs.yaml"
+    old = yaml.safe_load(crd_file.read_text())
+    del old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "ttlSecondsAfterFinished"
+    ]
+    job = {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuJob", "metadata": {"namespace": namespace},
+           "spec": {"model": "m", "ttlSecondsAfterFinished": 30}}  # fmt: skip
+
+    def create(name: str) -> subprocess.CompletedProcess[str]:
+        doc = {**job, "metadata": {**job["metadata"], "name": name}}
+        return cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(doc), check=False)
+
+    def stored_spec(name: str) -> dict[str, Any]:
+        assert create(name).returncode == 0
+        return dict(json.loads(cluster.kubectl("get", "gpujob", name, "-n", namespace, "-o", "json").stdout)["spec"])
+
+    try:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(old))
+        refused = wait_until(lambda: (proc := create(f"old-{time.monotonic_ns()}")).returncode and proc.stderr,
+                             what="the older CRD in effect")  # fmt: skip
+        assert 'unknown field "spec.ttlSecondsAfterFinished"' in refused, refused
+        crds = cluster.helm("show", "crds", str(CHART)).stdout
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crds)
+        wait_until(lambda: stored_spec(f"new-{time.monotonic_ns()}").get("ttlSecondsAfterFinished") == 30,
+                   what="the upgraded CRD keeping the field")  # fmt: skip
+    finally:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+        cluster.kubectl("delete", "gpujobs", "--all", "-n", namespace, "--wait=false")

@@ -203,6 +203,38 @@ def test_operator_killed_and_restarted_loses_nothing_and_keeps_the_order(
         assert len(dispatches) == 1, f"{name} was dispatched {len(dispatches)} times"
 
 
+def test_lanes_and_models_deleted_and_applied_again_lose_no_waiting_job(
+    world: World, operator: OperatorProcess
+) -> None:
+    """docs/operations.md, "What to back up": the GpuLane and GpuModel specs are the user's to keep; applied
+    again after a loss, every job still waiting runs, in its order. The running one fails LaneRemoved."""
+    lane, model = world.lane(), world.model("restore")
+    kept = [
+        {
+            "apiVersion": d["apiVersion"],
+            "kind": d["kind"],
+            "metadata": {"name": d["metadata"]["name"]},
+            "spec": d["spec"],
+        }
+        for d in json.loads(
+            world.cluster.kubectl(
+                "get", f"gpulanes.gpulane.io/{lane}", f"gpumodels.gpulane.io/{model}", "-o", "json"
+            ).stdout
+        )["items"]
+    ]
+    world.job("running", model)
+    world.wait_phase("running", "Running")
+    for name in ("second", "third"):
+        world.job(name, model)
+    wait_until(lambda: world.status("third").get("position") == 2, what="both queued")
+    world.cluster.kubectl("delete", f"gpulanes.gpulane.io/{lane}", f"gpumodels.gpulane.io/{model}", "--wait=true")
+    failed = world.wait_phase("running", "Failed")
+    assert failed["reason"] == "LaneRemoved", failed
+    wait_until(lambda: world.status("third").get("reason") == "ModelNotFound", what="the waiting jobs parked")
+    world.apply(*kept)
+    assert world.run_through({"second", "third"}) == ["second", "third"]
+
+
 def test_operator_restart_adopts_the_running_job(world: World, operator: OperatorProcess) -> None:
     lane = world.lane()
     sdxl = world.model("sdxl")

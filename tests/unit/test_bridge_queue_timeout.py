@@ -1,6 +1,7 @@
 """X-Gpulane-Queue-Timeout (issue 18, part 2): the caller's deadline goes on its GpuJob, a bad value is a
 400 before anything exists, and a job that expired in the queue is answered as OpenAI clients expect:
-a 503 with a retry hint, or an error event on a stream that had started."""
+a 503 with a retry hint, or an error event on a stream that had started. X-Gpulane-Max-Run-Seconds
+lowers the bridge's --max-run-seconds for one call, and is refused the same way when malformed."""
 
 from __future__ import annotations
 
@@ -81,18 +82,30 @@ def test_on_a_stream_the_expiry_is_an_error_event() -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("header", ["X-Gpulane-Queue-Timeout", "X-Gpulane-Max-Run-Seconds"])
 @pytest.mark.parametrize("value", ["0", "-5", "1.5", "soon", "", str(MAX_RUN_SECONDS + 1), "٣"])
-def test_a_bad_header_is_a_400_and_no_job_is_created(value: str) -> None:
+def test_a_bad_header_is_a_400_and_no_job_is_created(header: str, value: str) -> None:
     async def scenario() -> None:
         queue = ExpiringQueue()
         async with TestClient(TestServer(bridge(queue).app())) as http:
-            resp = await http.post(
-                "/v1/chat/completions", json=CHAT, headers={**AUTH, "X-Gpulane-Queue-Timeout": value}
-            )
+            resp = await http.post("/v1/chat/completions", json=CHAT, headers={**AUTH, header: value})
             assert resp.status == 400
             error = (await resp.json())["error"]
-            assert error["param"] == "X-Gpulane-Queue-Timeout"
+            assert error["param"] == header
             assert f"must be a whole number of seconds from 1 to {MAX_RUN_SECONDS}" in error["message"]
         assert queue.submissions == []
+
+    asyncio.run(scenario())
+
+
+def test_a_call_may_lower_its_run_limit_but_never_raise_it() -> None:
+    async def scenario() -> None:
+        queue = ExpiringQueue()
+        app = Bridge(queue, KeyRing(KeysFile.model_validate({"keys": [KEY]})), BridgeSettings(max_run_seconds=600))
+        async with TestClient(TestServer(app.app())) as http:
+            for asked in ("120", "6000", None):
+                headers = AUTH if asked is None else {**AUTH, "X-Gpulane-Max-Run-Seconds": asked}
+                await http.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert [s.max_run_seconds for s in queue.submissions] == [120, 600, 600]
 
     asyncio.run(scenario())

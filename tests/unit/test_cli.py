@@ -84,3 +84,9 @@ def test_a_flood_scenario_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "plans more than 200,000 jobs" in err
     assert "warning: model 'x' is not declared" in err
+
+
+@pytest.mark.parametrize("seconds", ["0", str(7 * 86400 + 1)])
+def test_the_bridge_refuses_a_run_limit_out_of_range(seconds, tmp_path):
+    with pytest.raises(SystemExit, match="--max-run-seconds must be from 1 to 604800"):
+        main(["bridge", "--keys-file", str(tmp_path / "keys.yaml"), "--max-run-seconds", seconds])

@@ -123,6 +123,7 @@ class FakeKube:
         # Called (synchronously) at the start of a write, before it is applied: lets a test deliver
         # an event "while the request is in flight".
         self.before_write: Any = None
+        self.fail_deletes = 0
         self._uids = itertools.count(1)
 
     # -- test side: objects appear and change without the operator -------------------------------
@@ -257,6 +258,19 @@ class FakeKube:
         if self.objects[target]["metadata"]["uid"] != uid:
             raise Conflict(f"409: precondition failed: uid {uid}")
         self.objects[target]["metadata"]["deletionTimestamp"] = format_time(self.clock())
+
+    async def delete_job(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Gone at once (a finished job holds no finalizer of ours); ``fail_deletes`` makes the next ones fail."""
+        target = f"gpujobs/{namespace}/{name}"
+        self._write("job-delete", "delete_job", target, {"preconditions": {"uid": uid}})
+        if self.fail_deletes:
+            self.fail_deletes -= 1
+            raise TimeoutError("the apiserver did not answer")
+        if target not in self.objects:
+            raise Gone(target)
+        if uid is not None and self.objects[target]["metadata"]["uid"] != uid:
+            raise Conflict(f"409: precondition failed: uid {uid}")
+        del self.objects[target]
 
     async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None:
         meta = involved["metadata"]

@@ -115,3 +115,11 @@ affinity:
 - name: HOME
   value: /tmp
 {{- end }}
+
+{{/* NetworkPolicy peers: the namespaces of a list of names. */}}
+{{- define "gpulane.namespacePeers" -}}
+{{- range . }}
+- namespaceSelector:
+    matchLabels: {kubernetes.io/metadata.name: {{ . }}}
+{{- end }}
+{{- end }}
