@@ -28,6 +28,8 @@ COMMANDS = {
               "the queue as the dispatcher sees it: running jobs, then positions and scores"),
     "why": ("gpulane.explain.main", "why_arguments", "run_why",
             "why a job waited: what ran ahead of it, and the term that let it win"),
+    "result": ("gpulane.explain.result", "result_arguments", "run_result",
+               "a job's answer: from its ConfigMap, or streamed from the bridge's results volume"),
     "lanes": ("gpulane.explain.main", "lanes_arguments", "run_lanes",
               "each GPU: resident model, running jobs, queue depth, swaps and use"),
     "fake-backend": ("gpulane.fakes.backend", "add_arguments", "run",

@@ -74,6 +74,9 @@ class JobRequest(CamelModel):
 
     path: str = Field(pattern=r"^/v1/[A-Za-z0-9/_.-]*$", max_length=256)
     body: dict[str, Any] = Field(default_factory=dict)
+    # Where the answer goes: a ConfigMap (at most 900 KiB), or a file on the executor's results volume
+    # (a video, say: streamed, no cap beyond the volume's), read back with `gpulane result`.
+    output: Literal["configMap", "volume"] = "configMap"
 
 
 class GpuJobSpec(CamelModel):

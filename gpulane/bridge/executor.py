@@ -28,6 +28,7 @@ from gpulane.api.backend_pods import http_port, pod_name, pod_state
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.jobs import outcome_patch
+from gpulane.bridge.results import ResultStore
 from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
 from gpulane.kube.watch import watch_jobs
 
@@ -51,6 +52,7 @@ class ManifestExecutor:
         namespaces: Sequence[str],
         backend_namespace: str | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
+        results: ResultStore | None = None,
     ) -> None:
         self.kube = kube
         self.backend_namespace = backend_namespace or kube.namespace  # where the operator's backend pods are
@@ -59,6 +61,7 @@ class ManifestExecutor:
         self.session: ClientSession | None = None
         self.endpoints = endpoints
         self.max_answer_bytes = max_answer_bytes
+        self.results = results  # the results volume, for requests with output: volume
         self._running: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._runs: set[asyncio.Task[None]] = set()  # executions in progress (the rest are watches and claims)
@@ -71,11 +74,15 @@ class ManifestExecutor:
         def deliver(kind: str, obj: dict[str, Any]) -> None:
             if kind == "DELETED":
                 self._claims.pop(obj["metadata"].get("uid", ""), None)
+                if self.results is not None:  # its answer file goes with it, as a ConfigMap does with its owner
+                    self.results.remove(obj)
             elif (obj.get("spec") or {}).get("request"):
                 self._seen(obj)
 
         for namespace in self.namespaces:
             self._spawn(watch_jobs(self.kube, namespace, None, deliver))
+            if self.results is not None:
+                self._spawn(self._sweep(namespace))
 
     async def drain(self, seconds: float) -> int:
         """Claim nothing new and give back the claims of jobs that have not started (another replica takes
@@ -126,6 +133,14 @@ class ManifestExecutor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _sweep(self, namespace: str) -> None:
+        """Answers of jobs deleted while no bridge watched are removed once, at start."""
+        assert self.results is not None
+        jobs = await self.kube.list_namespaced_jobs(namespace, "")
+        removed = self.results.sweep(namespace, {self.results.folder(j["metadata"]).split("/")[1] for j in jobs})
+        if removed:
+            log.info("removed %d answers of deleted jobs from the results volume: %s", len(removed), removed)
+
     async def _claim(self, meta: Body) -> None:
         patch = {"metadata": {"resourceVersion": meta["resourceVersion"],
                               "annotations": {EXECUTOR_LEASE: self._qualified()}}}  # fmt: skip
@@ -161,7 +176,18 @@ class ManifestExecutor:
         except NoBackend as err:
             return outcome_patch(False, f"the request was not sent: {err}")
         assert self.session is not None, "start() opens the session"
+        if request.get("output") == "volume" and self.results is None:
+            return outcome_patch(False, "output: volume, but this bridge has no results volume (--results-dir)")
         async with self.session.post(base.rstrip("/") + request["path"], json=request.get("body") or {}) as resp:
+            if request.get("output") == "volume":
+                assert self.results is not None
+                try:
+                    stored_file = await self.results.store(obj, resp.content)
+                except OSError as err:  # the volume is full, or not writable
+                    return outcome_patch(False, f"the answer could not be stored on the results volume: {err}")
+                ok = resp.status < 400
+                result = {"volume": stored_file, "status": resp.status, "contentType": resp.content_type}
+                return outcome_patch(ok, None if ok else f"the backend answered {resp.status}", result)
             answer = bytearray()
             async for chunk in resp.content.iter_chunked(64 * 1024):
                 answer += chunk

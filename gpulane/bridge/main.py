@@ -18,6 +18,7 @@ from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import KubeJobQueue
 from gpulane.bridge.keys import RELOAD_SECONDS, KeyRing, KeysError
+from gpulane.bridge.results import ResultReader, ResultStore
 from gpulane.kube.client import Kube, load_client
 
 
@@ -60,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="on SIGTERM: how long the calls in hand (and kubectl jobs it executes) may take to "
                         "finish, while readiness fails and new calls get a 503 (default %(default)s); give the pod "
                         "a terminationGracePeriodSeconds above it")  # fmt: skip
+    parser.add_argument("--results-dir", type=Path, default=None, metavar="DIR",
+                        help="the results volume: answers of kubectl jobs with spec.request.output: volume are "
+                        "stored here and served at /results/NAMESPACE/JOB to whoever may get the job "
+                        "(default: none; such jobs fail)")  # fmt: skip
     parser.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -92,11 +97,16 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     await queue.start()
     bridge = Bridge(queue, keys, settings)
     reloads = asyncio.create_task(keys.follow(args.keys_file, args.keys_reload_seconds))
-    executor = ManifestExecutor(kube, queue.lease, settings.endpoints, args.execute_namespaces, args.backend_namespace)
+    store = ResultStore(args.results_dir) if args.results_dir else None
+    executor = ManifestExecutor(kube, queue.lease, settings.endpoints, args.execute_namespaces, args.backend_namespace,
+                                results=store)  # fmt: skip
     executor.start()
+    app = bridge.app()
+    if store is not None:
+        ResultReader(kube, store).add_routes(app)
     # Handlers are cancelled when their client disconnects: that is how a queued or running call
     # learns to give its GPU back.
-    runner = web.AppRunner(bridge.app(), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     logging.getLogger(__name__).info("bridge %s listening on %s:%d", args.replica, args.host, args.port)

@@ -43,7 +43,8 @@ def lanes_arguments(lanes: argparse.ArgumentParser) -> None:
     _kubeconfig(lanes)
 
 
-def _api(args: argparse.Namespace) -> client.CustomObjectsApi:
+def load(args: argparse.Namespace) -> client.CustomObjectsApi:
+    """The custom-objects API through ``--kubeconfig`` (else $KUBECONFIG, ~/.kube/config)."""
     try:
         config.load_kube_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
     except (config.ConfigException, FileNotFoundError) as err:
@@ -65,7 +66,7 @@ def _models(api: client.CustomObjectsApi) -> dict[str, Body]:
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    api = _api(args)
+    api = load(args)
     while True:
         rows = report.queue(_items(api, "gpujobs", args.namespace), _models(api), time.time(), args.lane)
         if args.output == "json":
@@ -79,14 +80,14 @@ def run_queue(args: argparse.Namespace) -> int:
 
 
 def run_lanes(args: argparse.Namespace) -> int:
-    api = _api(args)
+    api = load(args)
     rows = report.lanes(_items(api, "gpulanes"), _items(api, "gpujobs"), time.time())
     print(json.dumps(rows, indent=1) if args.output == "json" else report.render_lanes(rows))
     return 0
 
 
 def run_why(args: argparse.Namespace) -> int:
-    api = _api(args)
+    api = load(args)
     namespace, _, name = args.job.rpartition("/")
     namespace = namespace or args.namespace
     try:

@@ -21,7 +21,7 @@ import struct
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +41,14 @@ SHUTDOWN_SECONDS = 1.0
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=")
 # One silent MPEG-1 Layer III frame (32 kbit/s, 48 kHz, mono: 144 * 32000 / 48000 = 96 bytes, zero side info).
 MP3 = bytes([0xFF, 0xFB, 0x14, 0xC0]) + bytes(92)
+FAKE_CHUNK = 1 << 20
+
+
+def fake_bytes(size: int) -> Iterator[bytes]:
+    """``size`` bytes in 1 MiB chunks, each different (so a chunk lost or repeated changes the checksum)."""
+    for index, start in enumerate(range(0, size, FAKE_CHUNK)):
+        block = index.to_bytes(8, "big") * (FAKE_CHUNK // 8)
+        yield block[: min(FAKE_CHUNK, size - start)]
 
 
 @dataclass
@@ -322,9 +330,20 @@ class _FakeBackend:
             return _reply(model, _images(model, count))
 
     async def speech(self, request: web.Request) -> web.StreamResponse:
-        _, model = await self._json_call(request)
+        payload, model = await self._json_call(request)
+        size = payload.get("fake_bytes")  # a fake's own field: an answer of that many bytes (a long video, say)
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= 2**32):
+            raise _ApiError(400, "fake_bytes must be a whole number of bytes up to 4 GiB", param="fake_bytes")
         async with self._serving(model):
-            return web.Response(body=MP3, content_type="audio/mpeg", headers={MODEL_HEADER: model})
+            if size is None:
+                return web.Response(body=MP3, content_type="audio/mpeg", headers={MODEL_HEADER: model})
+            response = web.StreamResponse(headers={"Content-Type": "audio/mpeg", MODEL_HEADER: model})
+            response.content_length = size
+            await response.prepare(request)
+            for chunk in fake_bytes(size):
+                await response.write(chunk)
+            await response.write_eof()
+            return response
 
     async def transcriptions(self, request: web.Request) -> web.StreamResponse:
         _, model, audio = await self._form_call(request)

@@ -191,6 +191,23 @@ class Kube:
         result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         return [self._plain(p) for p in result.items]
 
+    async def authenticate(self, token: str) -> tuple[str, list[str]] | None:
+        """Who holds a bearer token (a TokenReview): (user, groups), or None if the apiserver refuses it."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+        result = await self._call(client.AuthenticationV1Api(self.api).create_token_review, review)
+        status = result.status
+        if not status or not status.authenticated or not status.user:
+            return None
+        return str(status.user.username), list(status.user.groups or [])
+
+    async def may_get_job(self, user: str, groups: list[str], namespace: str, name: str) -> bool:
+        """Whether ``user`` may get GpuJob namespace/name (a SubjectAccessReview)."""
+        attributes = {"verb": "get", "group": GROUP, "resource": "gpujobs", "namespace": namespace, "name": name}
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                  "spec": {"user": user, "groups": groups, "resourceAttributes": attributes}}  # fmt: skip
+        result = await self._call(client.AuthorizationV1Api(self.api).create_subject_access_review, review)
+        return bool(result.status and result.status.allowed)
+
     # -- writes ---------------------------------------------------------------------------------
 
     async def patch_job_status(self, namespace: str, name: str, patch: Patch) -> Body:

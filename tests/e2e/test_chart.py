@@ -10,6 +10,7 @@ configuration with ``failurePolicy: Fail`` would break every later test.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import threading
@@ -25,6 +26,7 @@ import yaml
 from kubernetes import client
 
 from gpulane import __version__
+from gpulane.fakes.backend import fake_bytes
 
 from .operator_support import World
 from .support import REPO, Cluster, localcluster, wait_until
@@ -105,12 +107,27 @@ def test_the_chart_installs_gpulane_on_the_real_node(
     operator_sa = f"system:serviceaccount:{namespace}:{fullname}-operator"
     # GpuJobs of this namespace only go through the chart's webhook.
     cluster.kubectl("label", "namespace", namespace, f"{SELECTOR_LABEL}={tag}")
+    # The results volume: a hostPath PersistentVolume bound to the claim the values name (gpu-0 is this host).
+    results_dir = tmp_path / "results"
+    results_dir.mkdir()
+    results_dir.chmod(0o777)  # the bridge runs as uid 65532; hostPath ignores fsGroup
+    world_pv = f"{release}-results"
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": world_pv},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                  "hostPath": {"path": str(results_dir), "type": "Directory"},
+                  "claimRef": {"namespace": namespace, "name": "results"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "results", "namespace": namespace},
+         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": world_pv,
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ]))  # fmt: skip
     values = {
         "webhook": {"namespaceSelector": {SELECTOR_LABEL: tag}},
         "bridge": {
             "enabled": True,
             "keys": {"inline": {"keys": [{"name": "chart", "key": BRIDGE_KEY, "member": "chart"}]}},
             "executeNamespaces": [namespace],
+            "results": {"enabled": True, "existingClaim": "results"},
         },
     }
     values_file = tmp_path / "values.yaml"
@@ -228,6 +245,41 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         forged = cluster.kubectl("patch", "gpujob", "manifest", "-n", namespace, "--subresource=status", "--type=merge",
                                  "-p", '{"status":{"result":{"configMap":"forged"}}}', check=False)  # fmt: skip
         assert forged.returncode != 0 and "gpujob-status-validate.gpulane.io" in forged.stderr, forged.stderr
+        # A video does not fit a ConfigMap: 50 MB to the results volume, intact, then read back through the
+        # bridge by a ServiceAccount that may get the job, and refused to one that may not.
+        size = 50 * 1024 * 1024
+        speech = {"model": served, "input": "a film", "fake_bytes": size}
+        world.job("video", served, request={"path": "/v1/audio/speech", "body": speech, "output": "volume"})
+        video = world.wait_phase("video", "Succeeded", "Failed", timeout=120)
+        assert video["phase"] == "Succeeded", video
+        expected = hashlib.sha256(b"".join(fake_bytes(size))).hexdigest()
+        assert {k: video["result"]["volume"][k] for k in ("bytes", "sha256")} == {"bytes": size, "sha256": expected}
+        on_disk = results_dir / video["result"]["volume"]["path"]
+        assert hashlib.sha256(on_disk.read_bytes()).hexdigest() == expected
+        cluster.kubectl("create", "serviceaccount", "reader", "-n", namespace)
+        cluster.kubectl("create", "serviceaccount", "stranger", "-n", namespace)
+        cluster.kubectl("create", "role", "read-jobs", "-n", namespace, "--verb=get", "--resource=gpujobs.gpulane.io")
+        cluster.kubectl("create", "rolebinding", "read-jobs", "-n", namespace, "--role=read-jobs",
+                        f"--serviceaccount={namespace}:reader")  # fmt: skip
+        bridge_url = f"http://{service.spec.cluster_ip}:8090"
+
+        def result(account: str, out: Path) -> subprocess.CompletedProcess[str]:
+            token = cluster.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+            return subprocess.run(
+                [str(REPO / ".venv" / "bin" / "gpulane"), "result", "video", "-n", namespace, "--bridge", bridge_url,
+                 "--token", token, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+
+        read = result("reader", tmp_path / "video.out")
+        assert read.returncode == 0 and "(as recorded)" in read.stderr, read.stderr
+        assert hashlib.sha256((tmp_path / "video.out").read_bytes()).hexdigest() == expected
+        denied = result("stranger", tmp_path / "denied.out")
+        assert denied.returncode == 1 and "the bridge answered 403" in denied.stderr, denied.stderr
+        # Deleting the job removes its answer, as a ConfigMap goes with its owner.
+        cluster.kubectl("delete", "gpujob", "video", "-n", namespace, "--wait=true")
+        wait_until(lambda: not on_disk.exists(), timeout=30, what="the answer's file removed with its job")
+
         # A rollout mid-render: the old bridge pod drains (its readiness fails, the call in hand goes on), so
         # the render's answer still arrives while `helm upgrade` replaces the pod.
         render = world.real_model("render", request_seconds=8)
@@ -323,6 +375,8 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         world.cleanup()
         cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
         remove_release(cluster, namespace, release, fullname)
+        cluster.kubectl("delete", "pvc", "results", "-n", namespace, "--ignore-not-found", "--wait=false")
+        cluster.kubectl("delete", "pv", world_pv, "--ignore-not-found", "--wait=false")
 
 
 def test_the_chart_renders_and_lints(cluster: Cluster) -> None:

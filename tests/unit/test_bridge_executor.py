@@ -7,8 +7,10 @@ import asyncio
 import base64
 import contextlib
 import functools
+import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from gpulane.api.backend_pods import pod_name
 from gpulane.api.contract import EXECUTOR_LEASE, LANE_LABEL, MODEL_LABEL
 from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY, ManifestExecutor
+from gpulane.bridge.results import ResultStore
+from gpulane.fakes.backend import fake_bytes
 from gpulane.kube.client import Conflict, Gone
 
 from .helpers import until
@@ -71,13 +75,14 @@ class FakeKube:
         return {}
 
 
-def running_job(name: str, uid: str, path: str = "/v1/answer") -> Body:
+def running_job(name: str, uid: str, path: str = "/v1/answer", output: str | None = None) -> Body:
     """A job Running on LANE, claimed by this executor. Its status.endpoint is a forgery the executor must
     never call: the backend is found through the lane's pod."""
     return {
         "metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": "7",
                      "annotations": {EXECUTOR_LEASE: f"{FakeKube.namespace}/{LEASE}"}},
-        "spec": {"model": "m", "request": {"path": path, "body": {"prompt": "hi"}}},
+        "spec": {"model": "m", "request": {"path": path, "body": {"prompt": "hi"},
+                                           **({"output": output} if output else {})}},
         "status": {"phase": "Running", "lane": LANE, "endpoint": FORGED},
     }  # fmt: skip
 
@@ -105,15 +110,22 @@ async def backend(handler: Handler) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def execute(handler: Handler, kube: FakeKube, *jobs: tuple[str, str], max_bytes: int = 900 * 1024) -> None:
+async def execute(
+    handler: Handler,
+    kube: FakeKube,
+    *jobs: tuple[str, str],
+    max_bytes: int = 900 * 1024,
+    results: ResultStore | None = None,
+    output: str | None = None,
+) -> None:
     """Runs each (name, uid) as a Running job claimed by this executor until its outcome is written."""
     async with backend(handler) as url:
         kube.serve(url)
-        ex = ManifestExecutor(kube, LEASE, {}, ["ns"], max_answer_bytes=max_bytes)  # type: ignore[arg-type]
+        ex = ManifestExecutor(kube, LEASE, {}, ["ns"], max_answer_bytes=max_bytes, results=results)  # type: ignore[arg-type]
         ex.session = ClientSession()
         try:
             for done, (name, uid) in enumerate(jobs, start=1):
-                ex._seen(running_job(name, uid))
+                ex._seen(running_job(name, uid, output=output))
                 await until(functools.partial(lambda n: len(kube.outcomes) >= n, done), f"the outcome of {name}")
         finally:
             await ex.stop()
@@ -320,3 +332,68 @@ def test_the_backend_pod_is_looked_up_in_the_backend_namespace():
         return kube
 
     assert outcome(asyncio.run(scenario()).outcomes[0][1])["phase"] == "Succeeded"
+
+
+def test_an_answer_with_output_volume_is_streamed_to_a_file_of_any_size(tmp_path: Path) -> None:
+    """Issue 23: a video does not fit a ConfigMap; 50 MB lands on the results volume byte for byte."""
+    size = 50 * 1024 * 1024
+
+    async def video(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "video/mp4"})
+        await resp.prepare(request)
+        for chunk in fake_bytes(size):
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+
+    kube = FakeKube()
+    asyncio.run(execute(video, kube, ("film", "uid-12345678"), results=ResultStore(tmp_path), output="volume"))
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Succeeded", done
+    volume = done["result"]["volume"]
+    assert volume["path"] == f"{NS}/film-uid-1234/answer" and volume["bytes"] == size
+    expected = hashlib.sha256(b"".join(fake_bytes(size))).hexdigest()
+    assert volume["sha256"] == expected
+    stored = tmp_path / volume["path"]
+    assert stored.stat().st_size == size and hashlib.sha256(stored.read_bytes()).hexdigest() == expected
+    assert not list(stored.parent.glob(".*")), "no partial file is left"
+    assert done["result"]["contentType"] == "video/mp4" and kube.config_maps == {}
+
+
+def test_output_volume_without_a_results_volume_fails_the_job_and_sends_nothing() -> None:
+    sent: list[str] = []
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        sent.append(request.path)
+        return web.json_response({})
+
+    kube = FakeKube()
+    asyncio.run(execute(answer, kube, ("film", "uid-1"), output="volume"))
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Failed" and "no results volume (--results-dir)" in done["message"]
+    assert sent == []
+
+
+def test_a_volume_that_cannot_take_the_answer_fails_the_job_and_leaves_no_partial_file(tmp_path: Path) -> None:
+    (tmp_path / NS).write_text("not a directory")  # the job's folder cannot be made
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"ok": True})
+
+    kube = FakeKube()
+    asyncio.run(execute(answer, kube, ("film", "uid-1"), results=ResultStore(tmp_path), output="volume"))
+    done = outcome(kube.outcomes[0][1])
+    assert done["phase"] == "Failed" and "could not be stored on the results volume" in done["message"]
+
+
+def test_answers_of_deleted_jobs_are_removed_and_the_rest_kept(tmp_path: Path) -> None:
+    store = ResultStore(tmp_path)
+    for folder in ("a-11111111", "b-22222222"):
+        (tmp_path / NS / folder).mkdir(parents=True)
+        (tmp_path / NS / folder / "answer").write_bytes(b"x")
+    store.remove({"metadata": {"namespace": NS, "name": "a", "uid": "11111111-rest"}})
+    assert not (tmp_path / NS / "a-11111111").exists()
+    (tmp_path / NS / "c-33333333").mkdir()
+    assert store.sweep(NS, {"b-22222222"}) == [f"{NS}/c-33333333"]
+    assert (tmp_path / NS / "b-22222222" / "answer").read_bytes() == b"x"
+    assert store.path("../../etc/passwd") is None and store.path(f"{NS}/b-22222222/answer") is not None

@@ -1,0 +1,104 @@
+"""``gpulane result JOB``: the answer of a job the bridge executed (``spec.request``). A ConfigMap answer is
+read with the caller's own kubeconfig; an answer on the results volume (``output: volume``) is streamed from
+the bridge's ``/results`` endpoint with a Kubernetes bearer token, which the bridge checks may get the job,
+and its size and SHA-256 are checked against the job's status."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import BinaryIO
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gpulane.api.contract import Body
+from gpulane.api.resources import GROUP, VERSION
+from gpulane.explain.main import _kubeconfig, load
+
+CHUNK = 1 << 20
+
+
+def result_arguments(r: argparse.ArgumentParser) -> None:
+    r.add_argument("job", help="NAME or NAMESPACE/NAME")
+    r.add_argument("-n", "--namespace", default="default")
+    r.add_argument("-o", "--output", metavar="FILE", help="write the answer here (default: standard output)")
+    r.add_argument("--bridge", default=os.environ.get("GPULANE_BRIDGE_URL"),
+                   help="the bridge's URL (http://HOST:8090), for answers on the results volume "
+                   "(default: $GPULANE_BRIDGE_URL)")  # fmt: skip
+    r.add_argument("--token", default=os.environ.get("GPULANE_TOKEN"),
+                   help="a Kubernetes bearer token of someone who may get the job (default: $GPULANE_TOKEN, "
+                   "then the kubeconfig's; `kubectl create token NAME` makes one)")  # fmt: skip
+    _kubeconfig(r)
+
+
+class Failed(Exception):
+    """What the user is told, and exit status 1."""
+
+
+def run_result(args: argparse.Namespace) -> int:
+    namespace, _, name = args.job.rpartition("/")
+    namespace = namespace or args.namespace
+    try:
+        api = load(args)
+        job: Body = api.get_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", name)  # type: ignore[assignment]
+        result = (job.get("status") or {}).get("result")
+        if not result:
+            phase = (job.get("status") or {}).get("phase") or "Pending"
+            raise Failed(f"GpuJob {namespace}/{name} has no answer (yet): it is {phase}")
+        with open(args.output, "wb") if args.output else os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
+            if "volume" in result:
+                fetch(args, namespace, name, result["volume"], out)
+            else:
+                out.write(from_config_map(api.api_client, namespace, result))
+    except ApiException as err:
+        print(f"error: {namespace}/{name}: {err.status} {err.reason}", file=sys.stderr)
+        return 1
+    except Failed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def from_config_map(api: client.ApiClient, namespace: str, result: Body) -> bytes:
+    cm = client.CoreV1Api(api).read_namespaced_config_map(result["configMap"], namespace)
+    key = result.get("key", "")
+    if cm.binary_data and key in cm.binary_data:
+        return base64.b64decode(cm.binary_data[key])
+    return str((cm.data or {}).get(key, "")).encode()
+
+
+def fetch(args: argparse.Namespace, namespace: str, name: str, volume: Body, out: BinaryIO) -> None:
+    if not args.bridge:
+        raise Failed("the answer is on the bridge's results volume: give --bridge URL (or $GPULANE_BRIDGE_URL)")
+    token = args.token or bearer()
+    if not token:
+        raise Failed("the bridge needs a bearer token: give --token (`kubectl create token NAME`) or $GPULANE_TOKEN")
+    url = f"{args.bridge.rstrip('/')}/results/{namespace}/{name}"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    digest, size = hashlib.sha256(), 0
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            while chunk := resp.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+    except urllib.error.HTTPError as err:
+        raise Failed(f"the bridge answered {err.code}: {err.read().decode(errors='replace')[:300]}") from None
+    except OSError as err:
+        raise Failed(f"the bridge at {args.bridge} could not be read: {err}") from None
+    if size != volume.get("bytes") or digest.hexdigest() != volume.get("sha256"):
+        raise Failed(f"the answer read ({size} bytes, sha256 {digest.hexdigest()}) is not the one the job recorded "
+                     f"({volume.get('bytes')} bytes, sha256 {volume.get('sha256')})")  # fmt: skip
+    print(f"{namespace}/{name}: {size} bytes, sha256 {digest.hexdigest()} (as recorded)", file=sys.stderr)
+
+
+def bearer() -> str | None:
+    """The kubeconfig's bearer token, if its user has one (client certificates give none)."""
+    value = client.Configuration.get_default_copy().api_key.get("authorization", "")
+    return value.removeprefix("Bearer ").strip() or None
