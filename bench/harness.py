@@ -4,19 +4,23 @@ process and a fresh namespace (as the e2e suite runs them), and the statistics t
 from __future__ import annotations
 
 import contextlib
+import queue
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.operator_support import OperatorProcess, World  # noqa: E402
+from tests.e2e.operator_support import GROUP, VERSION, OperatorProcess, World  # noqa: E402
 from tests.e2e.support import Cluster, localcluster  # noqa: E402
 
 
@@ -59,3 +63,45 @@ def bench_world(*operator_args: str) -> Iterator[Bench]:
         world.cleanup()
         operator.stop()
         client.CoreV1Api(api).delete_namespace(namespace)
+
+
+class PhaseWatch:
+    """Timestamps (monotonic) of each job's phases as a watch delivers them."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.events: queue.Queue[tuple[float, str, str | None, dict[str, Any]]] = queue.Queue()
+        self._stop = threading.Event()
+        rv = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs")["metadata"]
+        self._rv = rv["resourceVersion"]
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in watch.Watch().stream(
+                    self.custom.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    "gpujobs",
+                    resource_version=self._rv,
+                    timeout_seconds=30,
+                ):
+                    obj = event["object"]
+                    self._rv = obj["metadata"]["resourceVersion"]
+                    phase = (obj.get("status") or {}).get("phase")
+                    self.events.put((time.monotonic(), obj["metadata"]["name"], phase, obj))
+            except Exception:
+                time.sleep(0.1)
+
+    def until(self, test: Any, timeout: float = 30.0) -> tuple[float, str, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            at, name, phase, obj = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            if test(name, phase, obj):
+                return at, name, obj
+
+    def stop(self) -> None:
+        self._stop.set()

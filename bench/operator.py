@@ -31,63 +31,19 @@ import argparse
 import json
 import os
 import platform
-import queue
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness import REPO, bench_world, peak_rss_mib
-from kubernetes import client, watch
+from harness import REPO, PhaseWatch, bench_world, peak_rss_mib
+from kubernetes import client
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
 from tests.e2e.operator_support import GROUP, VERSION
 from tests.e2e.support import wait_until
-
-
-class PhaseWatch:
-    """Timestamps (monotonic) of each job's phases as a watch delivers them."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.custom = client.CustomObjectsApi(api)
-        self.namespace = namespace
-        self.events: queue.Queue[tuple[float, str, str | None, dict[str, Any]]] = queue.Queue()
-        self._stop = threading.Event()
-        rv = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs")["metadata"]
-        self._rv = rv["resourceVersion"]
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                for event in watch.Watch().stream(
-                    self.custom.list_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    self.namespace,
-                    "gpujobs",
-                    resource_version=self._rv,
-                    timeout_seconds=30,
-                ):
-                    obj = event["object"]
-                    self._rv = obj["metadata"]["resourceVersion"]
-                    phase = (obj.get("status") or {}).get("phase")
-                    self.events.put((time.monotonic(), obj["metadata"]["name"], phase, obj))
-            except Exception:
-                time.sleep(0.1)
-
-    def until(self, test: Any, timeout: float = 30.0) -> tuple[float, str, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            at, name, phase, obj = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
-            if test(name, phase, obj):
-                return at, name, obj
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:

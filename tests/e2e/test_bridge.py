@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import subprocess
 import threading
 import time
 import urllib.request
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 from .operator_support import BridgeProcess, FakeBackendProcess, OperatorProcess, World
-from .support import Cluster, wait_until
+from .support import REPO, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -216,10 +217,16 @@ def test_a_manifest_job_with_a_request_is_executed_and_its_answer_stored(setup: 
     world = setup.world
     body = {"model": setup.model, "messages": [{"role": "user", "content": "from kubectl"}]}
     world.job(
-        "manifest", setup.model, request={"path": "/v1/chat/completions", "body": body}, ttlSecondsAfterFinished=5
+        "manifest", setup.model, request={"path": "/v1/chat/completions", "body": body}, ttlSecondsAfterFinished=8
     )
     done = world.wait_phase("manifest", "Succeeded", "Failed", timeout=60)
     assert done["phase"] == "Succeeded", done
+    # `gpulane result` reads a ConfigMap answer with the caller's own kubeconfig.
+    shown = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "gpulane"), "result", f"{world.namespace}/manifest", "--kubeconfig",
+         str(world.cluster.kubeconfig)], capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shown.returncode == 0 and "from kubectl" in shown.stdout, shown.stderr
     result = done["result"]
     assert result["status"] == 200 and result["key"] == "response.json"
     stored = world.core.read_namespaced_config_map(result["configMap"], world.namespace)
