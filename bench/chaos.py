@@ -64,6 +64,8 @@ FAULTS = (
     "containerd",
 )
 ON_THE_NODE = ("kubelet", "containerd")  # wait for the real lane to serve first
+# Components no fault targets: if one exits, the bench plays the supervisor a real control plane has.
+SUPERVISED = ("kube-scheduler", "kube-controller-manager", "kwok", "coredns", "kube-proxy", "gpu-device-plugin")
 
 
 def wall(moment: float) -> str:
@@ -287,6 +289,17 @@ class Chaos:
         if replicas:
             self.cluster.kubectl("rollout", "status", "deployment", deployment, "-n", self.ns, "--timeout=120s")
 
+    def supervise(self) -> None:
+        """A production control plane runs under a supervisor (the kubelet's static pods, systemd) that
+        starts a crashed component again; the local cluster has none, so the bench is it. A component that
+        the run does not fault (the scheduler, say) and that exited is started again, and counted."""
+        while not self.stop.wait(2):
+            for component in localcluster.dead(self.cluster.info.state_dir):
+                if component in SUPERVISED:
+                    print(f"{wall(time.time())} {component} exited; the bench restarts it", file=sys.stderr)
+                    self.counts[f"{component} restarted by the bench (it exited)"] += 1
+                    localcluster.restart(component, self.cluster.info.state_dir, crash=False)
+
     def chaos(self) -> None:
         order: list[str] = []
         while not self.stop.wait(self.rng.uniform(3, 6)):
@@ -369,7 +382,8 @@ class Chaos:
         self.install()
         watcher = Watcher(self.api, self.record, self.ns, self.ns)
         workers = [
-            threading.Thread(target=f, daemon=True) for f in (self.submit, self.call, self.call, self.call, self.chaos)
+            threading.Thread(target=f, daemon=True)
+            for f in (self.submit, self.call, self.call, self.call, self.chaos, self.supervise)
         ]
         executor = threading.Thread(target=self.execute, daemon=True)
         started = time.monotonic()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from . import host, images, node
 from .cli import main
-from .cluster import down, release, restart, running, status, up, users
+from .cluster import dead, down, release, restart, running, status, up, users
 from .control_plane import component_health, ensure_gpu_node, gpu_node_manifest, node_ready
 from .errors import ClusterError, Log
 from .health import api_request, http_get, wait_for
@@ -52,6 +52,7 @@ __all__ = [
     "Proc",
     "api_request",
     "component_health",
+    "dead",
     "default_ports",
     "default_state_dir",
     "down",

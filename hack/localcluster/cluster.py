@@ -364,6 +364,13 @@ def _all_healthy(info: ClusterInfo, layout: Layout) -> tuple[bool, str]:
     return ok, "; ".join(f"{comp}: {detail}" for comp, (good, detail) in health.items() if not good)
 
 
+def dead(state_dir: Path | None = None) -> list[str]:
+    """The recorded cluster's components whose process has exited (no locking, no side effects)."""
+    layout = Layout(state_dir or default_state_dir())
+    rec = load_record(layout)
+    return [] if rec is None else [p.component for p in info_from_record(layout, rec).procs if not proc_alive(p)]
+
+
 def running(state_dir: Path | None = None) -> ClusterInfo | None:
     """The recorded cluster if it is fully healthy, else None (no locking, no side effects)."""
     layout = Layout(state_dir or default_state_dir())
