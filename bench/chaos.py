@@ -42,7 +42,7 @@ from typing import Any
 
 import openai
 import yaml
-from checker import TERMINAL, Fault, Record, Watcher
+from checker import TERMINAL, Fault, Record, Watcher, metrics_problems
 from harness import REPO
 from kubernetes import client, config
 
@@ -326,36 +326,26 @@ class Chaos:
 
     # -- the verdict ---------------------------------------------------------------------------------
 
-    def metrics_agree(self) -> list[str]:
-        """Each operator replica's /metrics against the API: exactly one leads (the Lease holder), and the
-        leader's queue and lanes hold what the API holds."""
-        problems, leaders = [], []
-        jobs = self.world.jobs()
-        pending = sum(1 for j in jobs if (j.get("status") or {}).get("phase", "Pending") == "Pending")
-        running: collections.Counter[str] = collections.Counter(
-            (j.get("status") or {}).get("lane") for j in jobs if (j.get("status") or {}).get("phase") == "Running"
-        )
+    def metrics_agree(self, within: float = 90.0) -> list[str]:
+        """Each operator replica's /metrics against the API, until they agree or ``within`` seconds pass.
+        A replica may be restarting at the end (a leader that lost its Lease during an apiserver restart
+        exits by design, and its container starts again), so an unreachable one is waited for, not fatal."""
+        deadline = time.monotonic() + within
+        while True:
+            problems = self.compare_metrics()
+            if not problems or time.monotonic() >= deadline:
+                return problems
+            time.sleep(2)
+
+    def compare_metrics(self) -> list[str]:
+        replicas: dict[str, str | OSError] = {}
         for pod in self.pods("operator"):
-            with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=10) as resp:
-                samples = dict(
-                    line.rsplit(" ", 1)
-                    for line in resp.read().decode().splitlines()
-                    if line and not line.startswith("#")
-                )
-            if float(samples.get("gpulane_leader", 0)) != 1:
-                continue
-            leaders.append(pod.metadata.name)
-            depth = sum(float(v) for k, v in samples.items() if k.startswith("gpulane_queue_depth{"))
-            if depth != pending:
-                problems.append(f"{pod.metadata.name}: queue depth {depth:g}, the API has {pending} pending jobs")
-            busy = float(samples.get(f'gpulane_lane_busy{{lane="{self.lane}"}}', 0))
-            if busy != running[self.lane]:
-                problems.append(
-                    f"{pod.metadata.name}: lane {self.lane} busy {busy:g}, the API has {running[self.lane]}"
-                )
-        if leaders != [self.leader()]:
-            problems.append(f"replicas reporting gpulane_leader 1: {leaders}; the Lease names {self.leader()!r}")
-        return problems
+            try:
+                with urllib.request.urlopen(f"http://{pod.status.pod_ip}:8080/metrics", timeout=10) as resp:
+                    replicas[pod.metadata.name] = resp.read().decode()
+            except OSError as err:  # URLError is one: refused while the container starts again
+                replicas[pod.metadata.name] = err
+        return metrics_problems(replicas, self.world.jobs(), self.lane, self.leader())
 
     def outage_report(self) -> dict[str, Any]:
         """What went on while the webhook was away: refusals (the clients saw them), dispatches and ends."""

@@ -252,6 +252,34 @@ class Watcher:
         self.stopping.set()
 
 
+def metrics_problems(replicas: dict[str, str | OSError], jobs: list[dict[str, Any]], lane: str,
+                     holder: str) -> list[str]:  # fmt: skip
+    """The operator replicas' /metrics (their text, or the error that reading it raised) against the API's
+    jobs: exactly one replica leads, the Lease's ``holder``, and the leader's queue depth and ``lane``'s
+    busy count are what the API holds."""
+    problems, leaders = [], []
+    phases = [(j.get("status") or {}) for j in jobs]
+    pending = sum(1 for s in phases if s.get("phase", "Pending") == "Pending")
+    running = sum(1 for s in phases if s.get("phase") == "Running" and s.get("lane") == lane)
+    for name, text in replicas.items():
+        if isinstance(text, OSError):
+            problems.append(f"{name}: /metrics unreachable: {text}")
+            continue
+        samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        if float(samples.get("gpulane_leader", 0)) != 1:
+            continue
+        leaders.append(name)
+        depth = sum(float(v) for k, v in samples.items() if k.startswith("gpulane_queue_depth{"))
+        if depth != pending:
+            problems.append(f"{name}: queue depth {depth:g}, the API has {pending} pending jobs")
+        busy = float(samples.get(f'gpulane_lane_busy{{lane="{lane}"}}', 0))
+        if busy != running:
+            problems.append(f"{name}: lane {lane} busy {busy:g}, the API has {running}")
+    if leaders != [holder]:
+        problems.append(f"replicas reporting gpulane_leader 1: {leaders}; the Lease names {holder!r}")
+    return problems
+
+
 def _items(listed: Any) -> list[Any]:
     return list(listed["items"] if isinstance(listed, dict) else listed.items)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from checker import Fault, Record
+from checker import Fault, Record, metrics_problems
 
 
 def job(name: str, phase: str | None = None, lane: str | None = None) -> dict[str, Any]:
@@ -134,3 +134,28 @@ def test_recovery_does_not_count_while_the_gpu_is_busy() -> None:
     r.job(4, "MODIFIED", job("running", "Succeeded", "l"))  # the GPU is free from here
     r.job(4.5, "MODIFIED", job("waits", "Dispatching", "l"))
     assert r.recovery(r.faults[0]) == 0.5
+
+
+def metrics(leader: int, depth: int, busy: int) -> str:
+    return (f"# HELP gpulane_leader ...\ngpulane_leader {leader}\ngpulane_queue_depth{{band=\"0\"}} {depth}\n"
+            f"gpulane_lane_busy{{lane=\"l\"}} {busy}\n")  # fmt: skip
+
+
+def test_metrics_agree_when_the_lease_holder_alone_leads_with_the_apis_queue_and_lane() -> None:
+    jobs = [job("a", "Pending"), job("b"), job("c", "Running", "l"), job("d", "Running", "other")]
+    replicas: dict[str, str | OSError] = {"op-1": metrics(1, 2, 1), "op-2": metrics(0, 0, 0)}
+    assert metrics_problems(replicas, jobs, "l", "op-1") == []
+    assert metrics_problems(replicas, jobs, "l", "op-2") == [
+        "replicas reporting gpulane_leader 1: ['op-1']; the Lease names 'op-2'"
+    ]
+    assert metrics_problems({"op-1": metrics(1, 3, 0)}, jobs, "l", "op-1") == [
+        "op-1: queue depth 3, the API has 2 pending jobs",
+        "op-1: lane l busy 0, the API has 1",
+    ]
+
+
+def test_a_replica_whose_metrics_cannot_be_read_is_a_problem_not_a_crash() -> None:
+    # A leader that lost its Lease while the apiserver restarted exits; its container is refused meanwhile.
+    refused = ConnectionRefusedError(111, "Connection refused")
+    problems = metrics_problems({"op-1": metrics(1, 0, 0), "op-2": refused}, [], "l", "op-1")
+    assert problems == ["op-2: /metrics unreachable: [Errno 111] Connection refused"]
