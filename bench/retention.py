@@ -1,7 +1,8 @@
 """Finished jobs and etcd: a run of N bridge-like calls (GpuJobs labelled as the bridge labels its calls),
 once with the GpuPolicy's ttlSecondsAfterFinished.bridge set and once with it null (kept forever), on the
 same cluster, one after the other. It samples the apiserver's count of stored GpuJobs
-(``apiserver_resource_objects``) and etcd's database size (``apiserver_storage_size_bytes``).
+(``apiserver_resource_objects``) and etcd's database file (``apiserver_storage_size_bytes``), and etcd's
+live data, compacted, before and after each side (``etcd_mvcc_db_total_size_in_use_in_bytes``).
 
     .venv/bin/python bench/retention.py [--calls 10000] [--ttl 30] [--lanes 4] [--concurrency 16]
 
@@ -21,6 +22,7 @@ import re
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,6 +37,27 @@ METRICS = {
     "jobs": re.compile(r'^apiserver_resource_objects\{group="gpulane.io",resource="gpujobs"\} (\S+)$', re.M),
     "etcd_bytes": re.compile(r"^apiserver_storage_size_bytes\{[^}]*\} (\S+)$", re.M),
 }
+
+
+def etcd_in_use(bench: Any) -> float:
+    """etcd's live data after a compaction to its current revision (what the apiserver does every 5
+    minutes anyway): ``etcd_mvcc_db_total_size_in_use_in_bytes``. Unlike the database file, a high-water
+    mark that only a defragmentation shrinks, this falls when objects are deleted."""
+    url = f"http://127.0.0.1:{bench.cluster.info.ports.etcd_client}"
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(f"{url}{path}", data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+        return answer
+
+    revision = int(post("/v3/maintenance/status", {})["header"]["revision"])
+    post("/v3/kv/compaction", {"revision": revision, "physical": True})
+    with urllib.request.urlopen(f"{url}/metrics", timeout=60) as resp:
+        found = re.search(r"^etcd_mvcc_db_total_size_in_use_in_bytes (\S+)$", resp.read().decode(), re.M)
+    if found is None:
+        raise RuntimeError(f"etcd at {url} reports no etcd_mvcc_db_total_size_in_use_in_bytes")
+    return float(found[1])
 
 
 def sample(bench: Any) -> dict[str, float]:
@@ -93,6 +116,7 @@ def side(bench: Any, calls: int, ttl: int | None, args: argparse.Namespace) -> d
         doc["metadata"]["labels"] = {API_KEY_LABEL: "bench"}
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", doc)
 
+    in_use_before = etcd_in_use(bench)
     for target in (sampler, executor):
         threading.Thread(target=target, daemon=True).start()
     started = time.monotonic()
@@ -110,7 +134,8 @@ def side(bench: Any, calls: int, ttl: int | None, args: argparse.Namespace) -> d
     stop.set()
     watcher.stop()
     pool.shutdown(wait=True)
-    return {"ttl": ttl, "calls": calls, "run_seconds": round(ran, 1), "samples": samples}
+    in_use = [in_use_before, etcd_in_use(bench)]
+    return {"ttl": ttl, "calls": calls, "run_seconds": round(ran, 1), "etcd_in_use_bytes": in_use, "samples": samples}
 
 
 def main() -> None:
@@ -132,8 +157,10 @@ def main() -> None:
             first, last = result["samples"][0], result["samples"][-1]
             peak = max(s.get("listed", 0) for s in result["samples"])
             mib = [s.get("etcd_bytes", 0) / 2**20 for s in (first, last)]
+            live = [b / 2**20 for b in result["etcd_in_use_bytes"]]
             print(f"ttl={ttl}: {args.calls} calls in {result['run_seconds']} s; GpuJobs stored: peak {peak:.0f}, "
-                  f"end {last.get('listed', 0):.0f}; etcd {mib[0]:.1f} -> {mib[1]:.1f} MiB", flush=True)  # fmt: skip
+                  f"end {last.get('listed', 0):.0f}; etcd file {mib[0]:.1f} -> {mib[1]:.1f} MiB, "
+                  f"in use (compacted) {live[0]:.1f} -> {live[1]:.1f} MiB", flush=True)  # fmt: skip
             print(json.dumps(result), flush=True)
             sides.append(result)
             bench.cluster.kubectl("delete", "gpujobs", "--all", "-n", bench.namespace, timeout=1800)

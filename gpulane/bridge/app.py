@@ -108,6 +108,10 @@ class Bridge:
         ready = getattr(self.queue, "ready", True)
         return web.Response(text="ok\n") if ready else web.Response(status=503, text="watch not started\n")
 
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
     async def drain(self, seconds: float) -> int:
         """Take no new call (readiness fails, so the Service stops sending any), then let the calls in hand,
         queued or running, finish, up to ``seconds``. Returns how many were still in hand."""

@@ -84,6 +84,10 @@ class ManifestExecutor:
             if self.results is not None:
                 self._spawn(self._sweep(namespace))
 
+    @property
+    def running(self) -> int:
+        return len(self._runs)
+
     async def drain(self, seconds: float) -> int:
         """Claim nothing new and give back the claims of jobs that have not started (another replica takes
         them), then let running executions finish, up to ``seconds``. Returns how many were still running."""

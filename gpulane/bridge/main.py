@@ -116,7 +116,8 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log = logging.getLogger(__name__)
-    log.info("draining: no new calls; waiting up to %.0fs for the calls and executions in hand", args.drain_seconds)
+    log.info("draining: no new calls; waiting up to %.0fs for the %d calls and %d executions in hand",
+             args.drain_seconds, bridge.in_flight, executor.running)  # fmt: skip
     left = await asyncio.gather(bridge.drain(args.drain_seconds), executor.drain(args.drain_seconds))
     if any(left):
         log.warning("drain time over: cancelling %d calls and %d executions still in hand", *left)

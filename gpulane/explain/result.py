@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import hashlib
+import http.client
 import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import BinaryIO
 
 from kubernetes import client
@@ -51,7 +55,7 @@ def run_result(args: argparse.Namespace) -> int:
         if not result:
             phase = (job.get("status") or {}).get("phase") or "Pending"
             raise Failed(f"GpuJob {namespace}/{name} has no answer (yet): it is {phase}")
-        with open(args.output, "wb") if args.output else os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
+        with output(args.output) as out:
             if "volume" in result:
                 fetch(args, namespace, name, result["volume"], out)
             else:
@@ -62,7 +66,29 @@ def run_result(args: argparse.Namespace) -> int:
     except Failed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # the bridge's errors are Failed: this is the answer's own file (or a closed pipe)
+        print(f"error: the answer could not be written: {err}", file=sys.stderr)
+        return 1
     return 0
+
+
+@contextlib.contextmanager
+def output(path: str | None) -> Iterator[BinaryIO]:
+    """Standard output, or FILE written whole or not at all: the answer goes to a file beside it, renamed
+    over it once read and checked, and removed if anything failed (FILE, if it was there, left as it was)."""
+    if not path:
+        with os.fdopen(sys.stdout.fileno(), "wb", closefd=False) as out:
+            yield out
+        return
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+    try:
+        with partial.open("wb") as out:
+            yield out
+        partial.replace(target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def from_config_map(api: client.ApiClient, namespace: str, result: Body) -> bytes:
@@ -70,7 +96,10 @@ def from_config_map(api: client.ApiClient, namespace: str, result: Body) -> byte
     key = result.get("key", "")
     if cm.binary_data and key in cm.binary_data:
         return base64.b64decode(cm.binary_data[key])
-    return str((cm.data or {}).get(key, "")).encode()
+    data = cm.data or {}
+    if key not in data:  # not an empty answer: none at all
+        raise Failed(f"ConfigMap {namespace}/{result['configMap']} has no key {key!r}: the job's answer is not there")
+    return str(data[key]).encode()
 
 
 def fetch(args: argparse.Namespace, namespace: str, name: str, volume: Body, out: BinaryIO) -> None:
@@ -80,18 +109,26 @@ def fetch(args: argparse.Namespace, namespace: str, name: str, volume: Body, out
     if not token:
         raise Failed("the bridge needs a bearer token: give --token (`kubectl create token NAME`) or $GPULANE_TOKEN")
     url = f"{args.bridge.rstrip('/')}/results/{namespace}/{name}"
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     digest, size = hashlib.sha256(), 0
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            while chunk := resp.read(CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        resp = urllib.request.urlopen(request, timeout=60)
     except urllib.error.HTTPError as err:
         raise Failed(f"the bridge answered {err.code}: {err.read().decode(errors='replace')[:300]}") from None
-    except OSError as err:
+    except (OSError, http.client.HTTPException, ValueError) as err:  # ValueError: a URL with no http://
         raise Failed(f"the bridge at {args.bridge} could not be read: {err}") from None
+    with resp:
+        while True:
+            try:
+                chunk = resp.read(CHUNK)
+            except (OSError, http.client.HTTPException) as err:  # a chunked answer cut short is IncompleteRead
+                size += len(err.partial) if isinstance(err, http.client.IncompleteRead) else 0
+                raise Failed(f"the bridge at {args.bridge} broke off the answer after {size} bytes: {err!r}") from None
+            if not chunk:
+                break
+            digest.update(chunk)
+            size += len(chunk)
+            out.write(chunk)  # an error here is the answer's file's, not the bridge's
     if size != volume.get("bytes") or digest.hexdigest() != volume.get("sha256"):
         raise Failed(f"the answer read ({size} bytes, sha256 {digest.hexdigest()}) is not the one the job recorded "
                      f"({volume.get('bytes')} bytes, sha256 {volume.get('sha256')})")  # fmt: skip
@@ -99,6 +136,10 @@ def fetch(args: argparse.Namespace, namespace: str, name: str, volume: Body, out
 
 
 def bearer() -> str | None:
-    """The kubeconfig's bearer token, if its user has one (client certificates give none)."""
-    value = client.Configuration.get_default_copy().api_key.get("authorization", "")
+    """The kubeconfig's bearer token, if its user has one (client certificates give none, nor does a user
+    and password). The kubernetes client keeps it under ``BearerToken`` as ``Bearer TOKEN`` (older ones
+    under ``authorization``); reading it through the client refreshes an exec plugin's expired token."""
+    value = client.Configuration.get_default_copy().get_api_key_with_prefix("BearerToken", alias="authorization")
+    if not value or not value.startswith("Bearer "):
+        return None
     return value.removeprefix("Bearer ").strip() or None

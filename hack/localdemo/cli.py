@@ -23,7 +23,9 @@ from .summary import summarize
 from .view import LiveView
 
 HACK = Path(__file__).resolve().parents[1]
-# Measured on the project's 2-core machine (docs/development.md): a fresh clone with empty caches.
+# `make demo`'s time on the project's 2-core machine: cold (a fresh clone, empty caches) and warm (tools and
+# images cached, cluster stopped). The one source of these figures: README.md and docs/demo.md ("Times")
+# state them as "about N minutes", and tests/unit/test_demo_times.py fails when they differ from these.
 COLD_MINUTES, WARM_MINUTES = 17, 2
 ADMIN = "gpulane-admin"  # kubectl's user in the local cluster's admin kubeconfig
 
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         f"gpulane demo: a film of {plan.shots} shots at batch priority, {len(plan.calls)} interactive image calls"
         f" and {len(plan.previews)} preview share one GPU, the real node gpu-0.\n"
         f"The first run builds Kubernetes, containerd and CoreDNS from source (about {COLD_MINUTES} minutes on 2"
-        f" cores); later runs take about {WARM_MINUTES}. Logs: {progress.logs}\n"
+        f" cores); later runs take about {WARM_MINUTES} minutes. Logs: {progress.logs}\n"
     )
     try:
         progress.run("node packages (runc, CNI plugins, mmdebstrap)", [str(HACK / "node" / "deps.sh")])
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except (StepFailed, ClusterError, RuntimeError, TimeoutError) as err:
         print(f"\nerror: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     policy = GpuPolicySpec.model_validate((tools.get("gpupolicy", "default").get("spec")) or {})
     summary = summarize(jobs, player.lane(), player.models(), policy)
     progress.say("\n" + summary.render())

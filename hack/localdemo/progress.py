@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 SPINNER = "|/-\\"
+FRAME_SECONDS = 0.2  # how often the spinner redraws
 
 
 class StepFailed(RuntimeError):
@@ -22,8 +23,12 @@ class StepFailed(RuntimeError):
 
 
 def elapsed(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+    """``4.2s`` under a minute, ``3m07s`` from then on (59.96 s is ``1m00s``, not ``60.0s``)."""
+    tenths = round(seconds, 1)
+    if tenths < 60:
+        return f"{tenths:.1f}s"
+    minutes, secs = divmod(int(tenths), 60)
+    return f"{minutes}m{secs:02d}s"
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -34,9 +39,10 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 class Progress:
-    def __init__(self, logs: Path, out: TextIO = sys.stdout) -> None:
-        self.logs, self.out = logs, out
-        self.tty = out.isatty()
+    def __init__(self, logs: Path, out: TextIO | None = None) -> None:
+        # sys.stdout when called, not when imported: a redirected stdout (a pipe, contextlib, pytest) is used
+        self.logs, self.out = logs, sys.stdout if out is None else out
+        self.tty = self.out.isatty()
         self.started = time.monotonic()
         logs.mkdir(parents=True, exist_ok=True)
 
@@ -57,10 +63,14 @@ class Progress:
             self.say(f"[{elapsed(begun - self.started)}] {name} ...")
         try:
             yield log
-        except BaseException as err:
+        except Exception as err:
             self._stop(done, spinner)
             self._line(f"FAILED {name} after {elapsed(time.monotonic() - begun)}: {err}")
             raise StepFailed(f"{name} failed: {err}\n--- the end of {log} ---\n{tail(log)}") from err
+        except BaseException:  # Ctrl-C or an exit: not the step failing, so it goes on as itself
+            self._stop(done, spinner)
+            self._line(f"stopped {name} after {elapsed(time.monotonic() - begun)}")
+            raise
         self._stop(done, spinner)
         self._line(f"done   {name} in {elapsed(time.monotonic() - begun)}")
 
@@ -79,7 +89,7 @@ class Progress:
 
     def _spin(self, name: str, begun: float, done: threading.Event) -> None:
         for frame in itertools.cycle(SPINNER):
-            if done.wait(0.2):
+            if done.wait(FRAME_SECONDS):
                 return
             self.out.write(f"\r{frame} {name}  {elapsed(time.monotonic() - begun)}\x1b[K")
             self.out.flush()

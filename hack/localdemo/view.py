@@ -20,9 +20,9 @@ def who(job: Body) -> str:
 
 
 class LiveView:
-    def __init__(self, out: TextIO = sys.stdout) -> None:
-        self.out = out
-        self.tty = out.isatty()
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = sys.stdout if out is None else out  # sys.stdout when called, not when imported
+        self.tty = self.out.isatty()
         self._phases: dict[str, str] = {}
 
     def show(self, seconds: float, jobs: list[Body], models: dict[str, Body], now: float, progress: str) -> None:

@@ -282,7 +282,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
 
         # A rollout mid-render: the old bridge pod drains (its readiness fails, the call in hand goes on), so
         # the render's answer still arrives while `helm upgrade` replaces the pod.
-        render = world.real_model("render", request_seconds=8)
+        render = world.real_model("render", request_seconds=20)
         wait_until(lambda: render in [m.id for m in bridge.models.list()], what="the bridge to list the render model")
         answers: list[Any] = []
         caller = threading.Thread(target=lambda: answers.append(
@@ -291,14 +291,24 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         caller.start()
         wait_until(lambda: any(j["spec"]["model"] == render and (j.get("status") or {}).get("phase") == "Running"
                                for j in world.jobs()), timeout=60, what="the render running")  # fmt: skip
-        old_bridge = pods_of(core_v1, namespace, release)["bridge"].metadata.name
+        old = pods_of(core_v1, namespace, release)["bridge"]
+        old_bridge = old.metadata.name
+        assert old.spec.termination_grace_period_seconds == 300 + 15, "bridge.drainSeconds plus 15"
+        # The old pod's log, followed until the pod is gone: deleted, it takes its log with it.
+        follow = subprocess.Popen([str(cluster.binary("kubectl")), f"--kubeconfig={cluster.kubeconfig}", "logs", "-f",
+                                   "-n", namespace, old_bridge], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)  # fmt: skip
         cluster.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
                      "bridge.podAnnotations.rollout=render", "--wait", "--timeout", "120s")  # fmt: skip
         caller.join(timeout=60)
         assert answers and render in str(answers[0].choices[0].message.content), "the render's answer arrived"
         assert pods_of(core_v1, namespace, release)["bridge"].metadata.name != old_bridge, "the pod was replaced"
-        drained = cluster.kubectl("logs", "-n", namespace, old_bridge, check=False).stdout
-        assert not drained or "draining" in drained, drained[-2000:]
+        try:
+            drained, _ = follow.communicate(timeout=60)  # ends when the drained pod exits
+        finally:
+            follow.kill()
+        # SIGTERM came while the render was in hand: the pod drained it instead of cutting it off.
+        assert "the 1 calls and 0 executions in hand" in drained, drained[-2000:]
         # The release owns its policy: an upgrade that drops the bridge's trust reaches the webhook, whose
         # refusal the caller gets as an OpenAI error.
         cluster.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", "--set",
@@ -504,7 +514,6 @@ def test_observability_network_policies_and_the_helm_test_are_optional_and_rende
     assert ("ConfigMap", "r-gpulane-dashboard") not in plain
     made = rendered(cluster, *bridge, "--set", "metrics.serviceMonitor.enabled=true", "--set",
                     "metrics.dashboard.enabled=true", "--set", "networkPolicy.enabled=true", "--set-json",
-                    'networkPolicy.metricsNamespaces=["monitoring"]', "--set-json",
                     'networkPolicy.bridgeClientNamespaces=["apps"]', "--set", "tests.apiKey=sk-test")  # fmt: skip
     monitor = made["ServiceMonitor", "r-gpulane"]["spec"]
     assert {e["port"] for e in monitor["endpoints"]} == {"http-metrics", "http"}
@@ -521,12 +530,49 @@ def test_observability_network_policies_and_the_helm_test_are_optional_and_rende
     test_pod = made["Pod", "r-gpulane-test-bridge"]
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert {"name": "API_KEY", "value": "sk-test"} in test_pod["spec"]["containers"][0]["env"]
-    # Every container of every workload has both probes, and ephemeral-storage in its resources.
-    for (kind, name), doc in made.items():
-        if kind == "Deployment":
-            for container in doc["spec"]["template"]["spec"]["containers"]:
-                assert "livenessProbe" in container and "readinessProbe" in container, name
-                assert "ephemeral-storage" in container["resources"]["limits"], name
+    # Every container of every workload has both probes, and ephemeral-storage in its requests and limits;
+    # the helm test pod runs once and has none (docs/chart.md says so).
+    deployments = [doc for (kind, _), doc in made.items() if kind == "Deployment"]
+    assert len(deployments) == 3, sorted(made)
+    for doc in deployments:
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            name = f"{doc['metadata']['name']}/{container['name']}"
+            assert "livenessProbe" in container and "readinessProbe" in container, name
+            for bound in ("requests", "limits"):
+                assert "ephemeral-storage" in container["resources"][bound], (name, bound)
+    # metricsNamespaces was not set: the default lets the namespace `monitoring` scrape (asserted above);
+    # [] lets nobody.
+    nobody = rendered(
+        cluster, "--set", "networkPolicy.enabled=true", "--set-json", "networkPolicy.metricsNamespaces=[]"
+    )
+    assert nobody["NetworkPolicy", "r-gpulane-operator"]["spec"]["ingress"] == []
+
+
+def test_the_results_volume_is_a_kept_claim_or_the_users_own(cluster: Cluster) -> None:
+    """bridge.results: the chart creates <fullname>-bridge-results, kept on uninstall, with the size, class
+    and access modes given; with existingClaim it creates none and mounts that one."""
+    bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys", "--set",
+              "bridge.results.enabled=true"]  # fmt: skip
+    made = rendered(cluster, *bridge, "--set", "bridge.results.size=50Gi", "--set",
+                    "bridge.results.storageClassName=local-path", "--set-json",
+                    'bridge.results.accessModes=["ReadWriteMany"]')  # fmt: skip
+    claim = made["PersistentVolumeClaim", "r-gpulane-bridge-results"]
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "storageClassName": "local-path",
+                             "resources": {"requests": {"storage": "50Gi"}}}  # fmt: skip
+    pod = made["Deployment", "r-gpulane-bridge"]["spec"]["template"]["spec"]
+    assert {"name": "results", "persistentVolumeClaim": {"claimName": "r-gpulane-bridge-results"}} in pod["volumes"]
+    [bridge_container] = pod["containers"]
+    assert "--results-dir=/var/lib/gpulane/results" in bridge_container["args"]
+    assert {"name": "results", "mountPath": "/var/lib/gpulane/results"} in bridge_container["volumeMounts"]
+    own = rendered(cluster, *bridge, "--set", "bridge.results.existingClaim=videos")
+    assert not [k for k in own if k[0] == "PersistentVolumeClaim"]
+    volumes = own["Deployment", "r-gpulane-bridge"]["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "results", "persistentVolumeClaim": {"claimName": "videos"}} in volumes
+    plain = rendered(cluster, *bridge[:4])
+    assert not [k for k in plain if k[0] == "PersistentVolumeClaim"]
+    assert "--results-dir=/var/lib/gpulane/results" not in plain["Deployment", "r-gpulane-bridge"]["spec"][
+        "template"]["spec"]["containers"][0]["args"]  # fmt: skip
 
 
 def test_the_packaged_chart_is_versioned_lints_and_renders(cluster: Cluster, tmp_path: Path) -> None:
