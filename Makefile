@@ -15,7 +15,7 @@ help:
 	@echo "make lint      - ruff, and mypy (strict on every package of gpulane)"
 	@echo "make install   - create .venv and install gpulane with its dev extras, pinned by requirements.lock"
 	@echo "make lock      - refresh requirements.lock within pyproject.toml's ranges (pip-compile)"
-	@echo "make crds      - regenerate crds/ (and the chart's values schema) from gpulane/api/resources.py"
+	@echo "make crds      - regenerate crds/, the chart's values schema and the admission policies (CEL) from gpulane/"
 	@echo "make chart     - lint the chart and package it into dist/gpulane-<version>.tgz"
 	@echo "make bench     - dispatcher and simulator benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make bench-operator - on the local cluster: dispatch latency, 5,000 jobs, swaps on the real node, admission, bridge"
@@ -62,6 +62,7 @@ chart: tools
 crds: install
 	$(BIN)/python -m gpulane.api.crd crds
 	$(BIN)/python -m gpulane.api.values_schema charts/gpulane/values.schema.json
+	$(BIN)/python -m gpulane.admission.cel
 
 # The tools, the cluster and the images are steps of the demo itself, so that it can show their progress.
 demo: install

@@ -1,12 +1,16 @@
-"""Admission latency: GpuJob creates through gpulane's webhook, against creates that skip it, side by side.
+"""Admission latency, three sides alternated in one run: GpuJob creates through gpulane's webhook, through
+the apiserver's own admission policies (``admission.mode: policy``, gpulane/admission/cel.py), and through
+neither.
 
     .venv/bin/python bench/admission.py [--jobs 500] [--concurrency 50] [--rounds 4]
 
 Starts the local control plane if none runs, applies crds/, runs ``gpulane webhook`` as its own process
-and installs its configurations for one namespace only. Each round creates ``--jobs`` GpuJobs from
-``--concurrency`` threads in the webhook's namespace, then as many in a namespace the webhook does
-not select; rounds alternate so that a drifting host affects both alike. Every create is timed by the
-client, as a user feels it: the webhook's share is the difference.
+and installs its configurations for one namespace, and the policies for another (GpuPolicy ``default``
+their parameter). Each round creates ``--jobs`` GpuJobs from ``--concurrency`` threads in each of the three
+namespaces in turn, so that a drifting host affects all alike. Every create is timed by the client, as a
+user feels it. Then the webhook's process is SIGKILLed and one round more runs on the webhook's side and
+on the policies' side: creates through the webhook fail until it is back, creates through the policies
+must not.
 """
 
 from __future__ import annotations
@@ -27,14 +31,21 @@ from typing import Any
 from harness import REPO
 from kubernetes import client, config
 
+from gpulane.admission import cel
 from gpulane.admission.configuration import webhook_configurations
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
 from tests.e2e.operator_support import GROUP, VERSION, WebhookProcess, World
-from tests.e2e.support import Cluster, localcluster, make_serving_cert
+from tests.e2e.support import Cluster, localcluster, make_serving_cert, wait_until
+
+SIDES = ("webhook", "policy", "none")
 
 
-def create_all(custom: client.CustomObjectsApi, namespace: str, model: str, jobs: int, threads: int) -> list[float]:
-    def one(i: int) -> float:
+def create_all(
+    custom: client.CustomObjectsApi, namespace: str, model: str, jobs: int, threads: int
+) -> tuple[list[float], list[str]]:
+    """Each create's latency, and the errors of the creates that failed."""
+
+    def one(i: int) -> float | str:
         doc = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "GpuJob",
@@ -42,11 +53,26 @@ def create_all(custom: client.CustomObjectsApi, namespace: str, model: str, jobs
             "spec": {"model": model, "priority": 1000 if i % 2 else "batch"},
         }
         t0 = time.perf_counter()
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", doc)
+        try:
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", doc)
+        except client.ApiException as err:
+            return f"HTTP {err.status}: {json.loads(err.body or '{}').get('message', err.reason)[:200]}"
         return time.perf_counter() - t0
 
     with ThreadPoolExecutor(threads) as pool:
-        return list(pool.map(one, range(jobs)))
+        outcomes = list(pool.map(one, range(jobs)))
+    return [o for o in outcomes if isinstance(o, float)], [o for o in outcomes if isinstance(o, str)]
+
+
+def capped(custom: client.CustomObjectsApi, namespace: str, model: str) -> bool:
+    """Whether admission capped a priority-1000 create (a dry run: nothing stored)."""
+    doc = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuJob", "metadata": {"generateName": "probe-"},
+           "spec": {"model": model, "priority": 1000}}  # fmt: skip
+    try:
+        made = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", doc, dry_run="All")
+    except client.ApiException:
+        return False
+    return bool(made["spec"]["priority"] != 1000)
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -70,52 +96,75 @@ def main() -> None:
     api.configuration.connection_pool_maxsize = args.concurrency
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     tag = f"b{uuid.uuid4().hex[:6]}"
-    hooked, plain = f"bench-hooked-{tag}", f"bench-plain-{tag}"
-    for name, labels in ((hooked, {"gpulane.io/admission-bench": tag}), (plain, {})):
+    label = "gpulane.io/admission-bench"
+    namespaces = {side: f"bench-{side}-{tag}" for side in SIDES}
+    for side, name in namespaces.items():
+        labels = {label: f"{side}-{tag}"}
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels=labels)))
     work = Path(tempfile.mkdtemp(prefix="gpulane-bench-admission-"))
     tls = make_serving_cert(directory=work)
     hook = WebhookProcess(cluster, work, tls).start()
-    world = World(cluster, api, hooked)
-    configs = webhook_configurations(
-        url=f"https://127.0.0.1:{hook.port}",
-        ca_pem=tls.ca_pem,
-        namespace_selector={"gpulane.io/admission-bench": tag},
-        name=f"gpulane-bench-{tag}",
-    )
+    world = World(cluster, api, namespaces["webhook"])
+    name = f"gpulane-bench-{tag}"
+    configs = webhook_configurations(url=f"https://127.0.0.1:{hook.port}", ca_pem=tls.ca_pem,
+                                     namespace_selector={label: f"webhook-{tag}"}, name=name)  # fmt: skip
+    policies = cel.manifests(name, namespace_selector={label: f"policy-{tag}"})
+    had_policy = bool(cluster.kubectl("get", "gpupolicy", "default", "--ignore-not-found", "-o", "name").stdout)
     results: dict[str, Any] = {}
     try:
         model = world.model("bench")
-        world.apply(*configs)
-        time.sleep(2)  # the apiserver picks up new webhook configurations asynchronously
-        with_hook: list[float] = []
-        without: list[float] = []
-        walls = {"through_webhook": 0.0, "without_webhook": 0.0}
+        hook.wait_ready()
+        if not had_policy:  # the policies' parameter; the webhook reads it too
+            world.apply({"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPolicy", "metadata": {"name": "default"}})
+        world.apply(*configs, *policies)
+        for side in SIDES:  # configurations and policies take effect asynchronously: until a create is capped
+            wait_until(lambda s=side: capped(custom, namespaces[s], model) == (s != "none"), what=f"{side} in effect")
+        samples: dict[str, list[float]] = {side: [] for side in SIDES}
+        walls = dict.fromkeys(SIDES, 0.0)
+        failed: dict[str, list[str]] = {side: [] for side in SIDES}
         for _ in range(args.rounds):
-            for side, namespace, samples in (
-                ("through_webhook", hooked, with_hook),
-                ("without_webhook", plain, without),
-            ):
+            for side in SIDES:
                 t0 = time.perf_counter()
-                samples += create_all(custom, namespace, model, args.jobs, args.concurrency)
+                done, errors = create_all(custom, namespaces[side], model, args.jobs, args.concurrency)
                 walls[side] += time.perf_counter() - t0
+                samples[side] += done
+                failed[side] += errors
         results = {
-            "creates_per_side": len(with_hook),
+            "creates_per_side": args.jobs * args.rounds,
             "concurrency": args.concurrency,
-            "through_webhook": {
-                **summary(with_hook),
-                "creates_per_s": round(len(with_hook) / walls["through_webhook"]),
+            **{
+                side: {**summary(samples[side]), "creates_per_s": round(len(samples[side]) / walls[side]),
+                       "failed": len(failed[side])}
+                for side in SIDES
             },
-            "without_webhook": {**summary(without), "creates_per_s": round(len(without) / walls["without_webhook"])},
-            "webhook_share_p50_ms": round((statistics.median(with_hook) - statistics.median(without)) * 1000, 1),
-        }
+            **{
+                f"{side}_over_none_p50": round(statistics.median(samples[side]) / statistics.median(samples["none"]), 2)
+                for side in ("policy", "webhook")
+            },
+        }  # fmt: skip
+        # The webhook gone: its side's creates fail (failurePolicy Fail) until it is back; the policies' do not.
+        hook.kill()
+        outage: dict[str, Any] = {}
+        for side in ("webhook", "policy"):
+            done, errors = create_all(custom, namespaces[side], model, args.jobs, args.concurrency)
+            outage[side] = {"created": len(done), "failed": len(errors), "first_error": errors[0] if errors else None}
+        t0 = time.perf_counter()
+        (work / "again").mkdir()
+        port, hook = hook.port, WebhookProcess(cluster, work / "again", tls)
+        hook.port = port  # where the configurations point
+        hook.start()
+        wait_until(lambda: capped(custom, namespaces["webhook"], model), what="the webhook back")
+        outage["webhook_back_after_restart_s"] = round(time.perf_counter() - t0, 1)
+        results["webhook_killed"] = outage
     finally:
-        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-            cluster.kubectl("delete", kind, f"gpulane-bench-{tag}", "--ignore-not-found")
+        for doc in [*configs, *policies]:
+            cluster.kubectl("delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
+        if not had_policy:
+            cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
         hook.stop()
         world.cleanup()
-        for name in (hooked, plain):
-            core.delete_namespace(name)
+        for ns in namespaces.values():
+            core.delete_namespace(ns)
     results["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(json.dumps(results, indent=1))
 

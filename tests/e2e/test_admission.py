@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpulane.admission import cel
 from gpulane.admission.configuration import webhook_configurations
 
 from .operator_support import API, OperatorProcess, WebhookProcess, World, free_port, tls_ready
@@ -318,52 +320,62 @@ def test_the_operator_can_host_the_webhook(
         hosted.stop()
 
 
-def test_the_optional_admission_policy_enforces_caps_without_a_webhook(world: World) -> None:
-    policy_doc, _shipped_binding = yaml.safe_load_all(
-        (REPO / "deploy" / "validating-admission-policy.yaml").read_text()
-    )
+def test_in_policy_mode_the_apiserver_caps_defaults_and_refuses_with_no_webhook(world: World) -> None:
+    """admission.mode policy: the rules as the apiserver's own MutatingAdmissionPolicy and
+    ValidatingAdmissionPolicies (gpulane admission-policies), and no webhook process at all."""
     with callers_installed(world) as tag:
-        name = f"gpulane-caps-{tag}"
-        policy_doc["metadata"]["name"] = name
-        binding = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "paramRef": {"name": "default", "parameterNotFoundAction": "Deny"},
-                "matchResources": {"namespaceSelector": {"matchLabels": {"gpulane.io/admission-test": tag}}},
-            },
-        }
+        name = f"gpulane-cel-{tag}"
+        docs = cel.manifests(name, (OPERATOR_USER,), {"gpulane.io/admission-test": tag})
         try:
             policy(world)
-            world.apply(policy_doc, binding)
+            world.apply(*docs)
             greedy = yaml.safe_dump(world.job_doc("greedy", world.name("sdxl"), priority=1000))
-            over = wait_until(  # a server-side dry run is a real CREATE through admission, and stores nothing
+            capped = wait_until(  # a server-side dry run is a real CREATE through admission, and stores nothing
                 lambda: (
-                    (
-                        p := world.cluster.kubectl(
-                            "create", "--dry-run=server", "-f", "-", *ALICE, input=greedy, check=False
-                        )
-                    ).returncode
-                    != 0
-                    and p
+                    (p := world.cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", *ALICE,
+                                                input=greedy, check=False)).returncode == 0
+                    and json.loads(p.stdout)["spec"]["priority"] == 0
+                    and json.loads(p.stdout)
                 ),
-                what="the admission policy to take effect",
-            )
-            assert "priority 1000 is above the cap of user alice (the highest of: 0)" in over.stderr
+                what="the admission policies to take effect",
+            )  # fmt: skip
+            assert capped["metadata"]["annotations"]["gpulane.io/requested-priority"] == "1000"
+            assert (capped["spec"]["member"], capped["spec"]["tier"]) == ("alice", "free")
+            assert capped["spec"]["maxRunSeconds"] == 3600  # the policy's runLimits.defaultSeconds
             submit(world, "modest", *ALICE, priority="batch")
+            assert world.get("modest")["spec"]["priority"] == -100
             artist = submit(world, "art", "--as", "bob", "--as-group", USERS_GROUP, "--as-group", "artists",
-                            priority=100, tier="pro")  # fmt: skip
-            assert artist.returncode == 0
+                            priority=100)  # fmt: skip
+            assert artist.returncode == 0 and world.get("art")["spec"]["tier"] == "pro"
             member = submit(world, "impostor", *ALICE, member="carol", check=False)
             assert member.returncode != 0 and "may not submit as member carol" in member.stderr
+            bad = submit(world, "bad", *ALICE, request={"path": "/v1/embeddings", "body": {}}, check=False)
+            assert bad.returncode != 0 and "spec.request.body must carry input for /v1/embeddings" in bad.stderr
             bridge = f"system:serviceaccount:{world.namespace}:{BRIDGE}"
             submit(world, "for-carol", "--as", bridge, member="carol", tier="max", priority=1000)
+            trusted = world.get("for-carol")["spec"]
+            assert (trusted["member"], trusted["tier"], trusted["priority"]) == ("carol", "max", 1000)
+            # Status: only an executor's outcome of a Running job. Each policy takes effect on its own: wait for
+            # this one too (a dry run stores nothing, so a forged write that got through meanwhile changes nothing).
+            forged = wait_until(
+                lambda: (p := world.cluster.kubectl(
+                    "patch", "gpujob", "modest", "-n", world.namespace, "--subresource=status", "--type=merge",
+                    "--dry-run=server", "-p", json.dumps({"status": {"phase": "Running", "lane": "elsewhere"}}),
+                    "--as", bridge, check=False)).returncode and p.stderr,
+                what="the status policy in effect",
+            )  # fmt: skip
+            assert "may not write the status of a" in forged and "only the operator does" in forged, forged
+            # In reject mode an over-cap job is refused, not capped.
+            policy(world, mode="reject")
+            refused = wait_until(
+                lambda: (p := submit(world, f"r{time.monotonic_ns()}", *ALICE, priority=1000, check=False)).returncode
+                and p.stderr,
+                what="the reject mode in effect",
+            )  # fmt: skip
+            assert "priority 1000 is above the cap 0 of user alice (rule: default cap)" in refused
         finally:
-            for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
-                world.cluster.kubectl("delete", kind, name, "--ignore-not-found")
+            for doc in docs:
+                world.cluster.kubectl("delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
 
 
 def test_the_webhook_reloads_its_certificate_when_the_files_change(cluster: Cluster, tmp_path: Path) -> None:

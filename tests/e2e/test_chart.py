@@ -26,6 +26,7 @@ import yaml
 from kubernetes import client
 
 from gpulane import __version__
+from gpulane.admission import cel
 from gpulane.fakes.backend import fake_bytes
 
 from .operator_support import World
@@ -621,3 +622,42 @@ def test_a_crd_upgrade_adds_a_field_through_helm_show_crds(cluster: Cluster, nam
     finally:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
         cluster.kubectl("delete", "gpujobs", "--all", "-n", namespace, "--wait=false")
+
+
+def test_admission_mode_chooses_the_webhook_the_apiservers_policies_or_both(cluster: Cluster) -> None:
+    """admission.mode: webhook (pods), policy (MutatingAdmissionPolicy and ValidatingAdmissionPolicies, no
+    webhook pod), webhook+policy (both, the webhook's job hooks then Ignore). The policies the chart renders
+    are the generated ones, and the apiserver accepts them (a server-side dry run compiles their CEL)."""
+    version = ["--kube-version", "1.37.0"]
+    kinds = {
+        mode: {k for k, _ in rendered(cluster, *version, "--set", f"admission.mode={mode}")}
+        for mode in ("webhook", "policy", "webhook+policy")
+    }
+    policies = {"MutatingAdmissionPolicy", "ValidatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+                "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+    hooks = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    assert not kinds["webhook"] & policies and hooks <= kinds["webhook"]
+    assert policies <= kinds["policy"] and not kinds["policy"] & hooks
+    assert ("Deployment", "r-gpulane-webhook") not in rendered(cluster, *version, "--set", "admission.mode=policy")
+    assert policies | hooks <= kinds["webhook+policy"]
+    both = rendered(cluster, *version, "--set", "admission.mode=webhook+policy", "--set-json",
+                    'webhook.namespaceSelector={"team": "a"}')  # fmt: skip
+    mutating = both["MutatingWebhookConfiguration", "r-gpulane"]["webhooks"]
+    assert {h["failurePolicy"] for h in mutating} == {"Ignore"}, "the policies hold the caps while it is down"
+    specs = {name.removeprefix("r-gpulane-"): doc["spec"] for (kind, name), doc in both.items() if
+             kind in ("MutatingAdmissionPolicy", "ValidatingAdmissionPolicy")}  # fmt: skip
+    generated = cel.specs()
+    assert specs.keys() == generated.keys()
+    assert specs["job-rules"] == generated["job-rules"]
+    status = specs["status-outcomes"]["matchConditions"]
+    assert status[-1] == cel.not_by(["system:serviceaccount:ns:r-gpulane-operator"])
+    binding = both["ValidatingAdmissionPolicyBinding", "r-gpulane-job-rules"]["spec"]
+    assert binding["paramRef"] == {"name": "default", "parameterNotFoundAction": "Deny"}
+    assert binding["matchResources"] == {"namespaceSelector": {"matchLabels": {"team": "a"}}}
+    assert "matchResources" not in both["ValidatingAdmissionPolicyBinding", "r-gpulane-policy-rules"]["spec"]
+    objects = [doc for (kind, _), doc in both.items() if kind in policies]
+    applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump_all(objects))
+    assert applied.stdout.count("(server dry run)") == 8, applied.stdout
+    old = cluster.helm("template", "r", str(CHART), "--kube-version", "1.35.0", "--set", "admission.mode=policy",
+                       check=False)  # fmt: skip
+    assert old.returncode != 0 and "needs Kubernetes 1.36 or later" in old.stderr

@@ -45,7 +45,10 @@ def test_the_image_overtakes_the_films_queued_shots(
         for name, status in done.items():
             stored = world.core.read_namespaced_config_map(status["result"]["configMap"], "default")
             answer = json.loads(stored.data["response.json"])
-            assert answer["model"] == ("sdxl" if name == "bobs-image" else "h3-video"), (name, answer)
+            if name == "bobs-image":
+                assert answer["data"][0]["revised_prompt"] == "drawn by sdxl", answer
+            else:
+                assert answer["model"] == "h3-video", (name, answer)
         shot = json.loads(world.core.read_namespaced_config_map(done["film-shot-3"]["result"]["configMap"],
                                                                 "default").data["response.json"])  # fmt: skip
         assert "render shot 3" in shot["choices"][0]["message"]["content"]

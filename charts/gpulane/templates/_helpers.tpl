@@ -123,3 +123,12 @@ affinity:
     matchLabels: {kubernetes.io/metadata.name: {{ . }}}
 {{- end }}
 {{- end }}
+
+{{/* The webhook runs unless admission.mode is "policy" (the apiserver's own policies alone). "true" or "". */}}
+{{- define "gpulane.webhook.on" -}}
+{{- if and .Values.webhook.enabled (ne .Values.admission.mode "policy") }}true{{ end }}
+{{- end }}
+{{/* The apiserver's admission policies (CEL) are installed with admission.mode policy or webhook+policy. */}}
+{{- define "gpulane.policies.on" -}}
+{{- if has .Values.admission.mode (list "policy" "webhook+policy") }}true{{ end }}
+{{- end }}
