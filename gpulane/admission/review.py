@@ -60,6 +60,14 @@ def _text(value: object) -> str:
     return text if len(text) <= 64 else text[:61] + "..."
 
 
+def _requested(raw: object) -> str:
+    """The asked priority as the annotation records it: an integer the API can carry (int64) in full, as the
+    apiserver's own policy writes it (admission/cel.py); anything else as ``_text`` shows it."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and -(2**63) <= raw < 2**63:
+        return str(raw)
+    return _text(raw)
+
+
 def _over_cap(priority: int, caller: Caller, granted: Grant) -> str:
     return f"priority {priority} is above the cap {granted.cap} of user {caller.username} (rule: {granted.cap_rule})"
 
@@ -80,7 +88,7 @@ def mutate_job(
         if admission.mode == "reject":
             raise Refused(_over_cap(priority, caller, granted))
         out.spec["priority"] = granted.cap
-        out.annotations[REQUESTED_PRIORITY] = _text(raw)
+        out.annotations[REQUESTED_PRIORITY] = _requested(raw)
         out.warnings.append(
             f"priority {priority} capped to {granted.cap} for user {caller.username} (rule: {granted.cap_rule})"
         )

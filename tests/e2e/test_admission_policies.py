@@ -122,6 +122,7 @@ PRIORITIES = (
     st.integers(-400, 400)
     | st.sampled_from(["interactive", "normal", "batch", " Interactive ", "BATCH", "+50", "007", "-0", "x1"])
     | st.integers(-2000, 2000).map(str)
+    | st.sampled_from([10**13, -(10**15), "9" * 30])  # beyond the CRD's bounds unless capped
 )
 REQUESTS = st.sampled_from(
     [
@@ -229,9 +230,9 @@ def test_the_policies_store_what_the_webhook_stores_or_both_refuse(
 
             wait_until(lambda: all(current(ns) for ns in namespaces), timeout=30, what=f"the probe cap {probe}")
 
-        @settings(max_examples=30, deadline=None, database=None,
+        @settings(max_examples=20, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
-        @given(policy=policies(list(namespaces)), jobs=st.lists(submissions(), min_size=6, max_size=6))
+        @given(policy=policies(list(namespaces)), jobs=st.lists(submissions(), min_size=8, max_size=8))
         def same_outcome(policy: dict[str, Any], jobs: list[tuple[str, list[str], dict[str, Any]]]) -> None:
             apply_policy(policy)
             for user, groups, spec in jobs:

@@ -384,6 +384,12 @@ def test_mutate_saturates_a_huge_number_string_then_caps_it() -> None:
     assert mutate_job({"priority": "-" + huge}, ALICE, adm, POLICY).spec["priority"] == -SATURATION
 
 
+def test_the_requested_priority_annotation_keeps_a_large_integer_whole() -> None:
+    # As the apiserver's MutatingAdmissionPolicy writes it (string(int)): both admission modes agree.
+    out = mutate_job({"priority": 10**13}, ALICE, admission(), POLICY)
+    assert out.annotations == {REQUESTED_PRIORITY: "10000000000000"}
+
+
 def test_mutate_truncates_a_long_requested_priority_annotation() -> None:
     out = mutate_job({"priority": "9" * 70}, ALICE, admission(), POLICY)
     assert out.annotations[REQUESTED_PRIORITY] == "9" * 61 + "..."
