@@ -6,7 +6,7 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -166,7 +166,8 @@ HALF_LIFE = 900.0
 def reference_winner(pending, charges, last_dispatch, now, resident, policy):
     """The rule computed from scratch: in each band the member queue head with the best usage key
     (the bounded terms in aging-seconds, minus the usage clock), then the best of those picks by
-    their own scores (aging from the member's last dispatch, as ever). Returns (key, pick) pairs."""
+    their own scores (aging from the member's last dispatch, as ever). Returns each band's picks:
+    (key, -seq, own score, job), more than one when keys tie."""
     div = policy.aging_divisor_seconds
     usage: dict = {}
     for level, seconds, at in charges:
@@ -192,13 +193,15 @@ def reference_winner(pending, charges, last_dispatch, now, resident, policy):
         if level in last_dispatch:
             own_start = max(own_start, last_dispatch[level] + job.submitted_at - oldest[level])
         entry = (base - start, -seq, base - own_start, job)
-        if band not in picks or entry[:2] > picks[band][:2]:
-            picks[band] = entry
-    return picks
+        picks.setdefault(band, []).append(entry)
+    # Keys are computed through logarithms: heads within a microsecond of a band's best key tie, and any
+    # of them is the band's pick (seed 454 tied two members' heads 2e-12 apart).
+    return {band: [e for e in entries if e[0] >= max(x[0] for x in entries) - 1e-6] for band, entries in picks.items()}
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**9))
+@example(seed=454)  # two heads tied up to float rounding
 def test_dispatcher_matches_the_usage_reference(seed):
     rng = random.Random(seed)
     policy = Policy(loadYield=False, fairShareHalfLifeSeconds=HALF_LIFE)
@@ -214,11 +217,11 @@ def test_dispatcher_matches_the_usage_reference(seed):
             resident = decision.replaces if decision.load else decision.model
             picks = reference_winner(pending, charges, last_dispatch, clock.now, resident, policy)
             job, band = decision.job, policy.band(decision.job.priority)
-            winner = max(picks.values(), key=lambda e: (e[2], e[1]))
-            # Usage keys are logarithms: floats, so a pick within a microsecond of the best is a tie.
-            ours = next((e for e in picks.values() if e[3].id == job.id), None)
-            assert ours is not None, f"{job.id} is not its band's pick ({picks[band][3].id})"
-            assert ours[0] == pytest.approx(picks[band][0], abs=1e-6)
+            ours = next((e for e in picks.get(band, []) if e[3].id == job.id), None)
+            assert ours is not None, f"{job.id} is not its band's pick ({[e[3].id for e in picks[band]]})"
+            # Across bands, the picks' own scores decide (another band's tie: its first by key, then seq).
+            chosen = [ours if b == band else max(entries, key=lambda e: e[:2]) for b, entries in picks.items()]
+            winner = max(chosen, key=lambda e: (e[2], e[1]))
             assert ours[2] == pytest.approx(winner[2], abs=1e-6), f"{job.id} lost to {winner[3].id}"
             pending.pop(job.id)
             level = (job.member, band)
