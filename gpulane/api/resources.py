@@ -13,6 +13,7 @@ from pydantic import Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
 from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL
 from gpulane.api.retention import MAX_TTL_SECONDS, Retention
 from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
 from gpulane.core.policy import CamelModel, Policy
@@ -183,8 +184,103 @@ class Resources(CamelModel):
     limits: dict[str, int | str] | None = None
 
 
+SERVING_CONTAINER = "backend"
+# What makes a pod a lane's backend is gpulane's: these a template may not set (docs/models.md).
+OWNED_LABELS = (MANAGED_BY, COMPONENT_LABEL, LANE_LABEL, MODEL_LABEL)
+OWNED_ANNOTATIONS = (LANE_LABEL, MODEL_LABEL)
+OWNED_POD_FIELDS = {
+    "nodeName": "the backend pod runs on its lane's node: set the GpuLane's nodeName or nodeSelector",
+    "nodeSelector": "the backend pod runs on its lane's node: set the GpuLane's nodeName or nodeSelector",
+}
+TEMPLATE_METADATA = ("labels", "annotations")
+
+
+def _owned_rules() -> JsonDict:
+    """CEL rules the apiserver checks when the GpuModel is applied: a template never sets what is gpulane's."""
+    rules = [
+        {"rule": f"!('{field}' in self.spec)", "message": f"spec.template.spec.{field} is gpulane's: {why}"}
+        for field, why in OWNED_POD_FIELDS.items()
+    ]
+    rules += [
+        {
+            "rule": f"self.metadata.all(k, k in {list(TEMPLATE_METADATA)})",
+            "message": "spec.template.metadata may hold labels and annotations only: the name, namespace and owner "
+            "of a backend pod are gpulane's",
+        },
+        {
+            "rule": f"!('labels' in self.metadata) || !self.metadata.labels.exists(k, k in {list(OWNED_LABELS)})",
+            "message": f"spec.template.metadata.labels: {', '.join(OWNED_LABELS)} are gpulane's (it finds its "
+            "backend pods by them)",
+        },
+        {
+            "rule": "!('annotations' in self.metadata)"
+            f" || !self.metadata.annotations.exists(k, k in {list(OWNED_ANNOTATIONS)})",
+            "message": f"spec.template.metadata.annotations: {', '.join(OWNED_ANNOTATIONS)} are gpulane's",
+        },
+        {
+            "rule": "!('containers' in self.spec) || size(self.spec.containers) == 1"
+            f" || self.spec.containers.exists(c, c.name == '{SERVING_CONTAINER}')",
+            "message": f"spec.template.spec.containers: name the serving container {SERVING_CONTAINER!r} (a "
+            "template with one container serves with it)",
+        },
+    ]
+    return {"x-kubernetes-validations": rules}  # type: ignore[dict-item]
+
+
+class PodTemplate(CamelModel):
+    """A pod template (PodTemplateSpec): metadata with labels and annotations, and a PodSpec."""
+
+    # gpulane builds each backend pod from it, adding what makes it the lane's (gpulane/operator/pods.py);
+    # the apiserver checks the pod it builds when the GpuModel is applied (a server-side dry run, reported on
+    # the model's Accepted condition).
+
+    model_config = CamelModel.model_config | {"json_schema_extra": _owned_rules()}
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _nothing_of_gpulanes(self) -> PodTemplate:
+        for field, why in OWNED_POD_FIELDS.items():
+            if field in self.spec:
+                raise ValueError(f"spec.template.spec.{field} is gpulane's: {why}")
+        extra = sorted(set(self.metadata) - set(TEMPLATE_METADATA))
+        if extra:
+            raise ValueError(f"spec.template.metadata may hold labels and annotations only, not {', '.join(extra)}")
+        for key, owned in (("labels", OWNED_LABELS), ("annotations", OWNED_ANNOTATIONS)):
+            taken = sorted(set(self.metadata.get(key) or {}) & set(owned))
+            if taken:
+                raise ValueError(f"spec.template.metadata.{key}: {', '.join(taken)} are gpulane's")
+        containers = self.spec.get("containers") or []
+        if len(containers) > 1 and not any(c.get("name") == SERVING_CONTAINER for c in containers):
+            raise ValueError(
+                f"spec.template.spec.containers: name the serving container {SERVING_CONTAINER!r} (a template "
+                "with one container serves with it)"
+            )
+        return self
+
+    def serving(self) -> dict[str, Any] | None:
+        """The serving container: the one named ``backend``, or the only one."""
+        containers = self.spec.get("containers") or []
+        named = [c for c in containers if c.get("name") == SERVING_CONTAINER]
+        return named[0] if named else (containers[0] if len(containers) == 1 else None)
+
+
+IMAGE_RULE = (
+    "has(self.image) || (has(self.template) && 'containers' in self.template.spec"
+    " && (size(self.template.spec.containers) == 1 ? 'image' in self.template.spec.containers[0]"
+    f" : self.template.spec.containers.exists(c, c.name == '{SERVING_CONTAINER}' && 'image' in c)))"
+)
+IMAGE_MESSAGE = "spec.image is required unless spec.template's serving container names an image"
+
+
 class GpuModelSpec(CamelModel):
-    image: str = Field(min_length=1, max_length=512)
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": {"x-kubernetes-validations": [{"rule": IMAGE_RULE, "message": IMAGE_MESSAGE}]}
+    }
+
+    # The serving container's image; may be left to spec.template's serving container.
+    image: str | None = Field(default=None, min_length=1, max_length=512)
     command: list[str] | None = None
     args: list[str] | None = None
     env: list[EnvVar] | None = None
@@ -197,6 +293,17 @@ class GpuModelSpec(CamelModel):
     # Starting points for estimates until gpulane has observed real loads and runs.
     expected_load_seconds: int | None = Field(default=None, ge=0, le=86400)
     expected_run_seconds: int | None = Field(default=None, ge=0, le=MAX_RUN_SECONDS)
+    # How to run any model server: volumes (weights), /dev/shm, env from Secrets, runtimeClassName, probes,
+    # a security context... image, command, args, env and port above are a shorthand for its serving
+    # container, and win over it (docs/models.md).
+    template: PodTemplate | None = None
+
+    @model_validator(mode="after")
+    def _an_image(self) -> GpuModelSpec:
+        serving = self.template.serving() if self.template else None
+        if self.image is None and not (serving and serving.get("image")):
+            raise ValueError(IMAGE_MESSAGE)
+        return self
 
 
 class GpuModelStatus(CamelModel):
@@ -363,6 +470,9 @@ KINDS: tuple[Kind, ...] = (
         status=GpuModelStatus,
         columns=[
             _col("Image", "string", ".spec.image"),
+            # A model described by its template alone shows its serving container's image here (the first's).
+            _col("Template", "string", ".spec.template.spec.containers[0].image"),
+            _col("Accepted", "string", '.status.conditions[?(@.type=="Accepted")].status'),
             _col("Concurrency", "integer", ".spec.maxConcurrency"),
             _col("Load", "number", ".status.loadSeconds"),
             _col("Run", "number", ".status.runSeconds"),

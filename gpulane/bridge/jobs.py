@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -23,7 +22,7 @@ from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLI
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.api.times import format_time
 from gpulane.bridge.calls import CallError
-from gpulane.kube.client import Conflict, Gone, Kube, backoff
+from gpulane.kube.client import Conflict, Gone, Kube, backoff, refusal_message
 from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
@@ -68,10 +67,7 @@ class JobQueue(Protocol):
 def _refusal(err: ApiException) -> CallError:
     """The apiserver refused the GpuJob (an admission webhook or policy, the schema, a quota): the caller
     gets its message as an OpenAI error; anything else means the cluster cannot take jobs right now."""
-    try:
-        message = json.loads(err.body or "{}").get("message") or err.reason
-    except ValueError:
-        message = err.reason
+    message = refusal_message(err)
     if err.status == 403:
         return CallError(403, f"the cluster refused the job: {message}", kind="permission_error")
     if err.status in (400, 422):

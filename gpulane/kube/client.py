@@ -9,6 +9,7 @@ asyncio flavour (``kubernetes.aio``) on the caller's event loop: no threads.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import socket
 import uuid
@@ -26,6 +27,15 @@ from gpulane.api.times import format_micro_time, format_time
 Patch = Body | list[Body]
 
 STATUS_WRITE_KINDS = {"gpulanes": "lane-status", "gpumodels": "model-status", "gpupolicies": "policy-status"}
+
+
+def refusal_message(err: ApiException) -> str:
+    """What the apiserver said when it refused a request: its Status message, else the HTTP reason."""
+    try:
+        message = json.loads(err.body or "{}").get("message")
+    except ValueError:
+        message = None
+    return str(message or err.reason)
 
 
 class Gone(Exception):
@@ -282,6 +292,17 @@ class Kube:
         pod = await self._write("pod-create", self.core.create_namespaced_pod, self.namespace, manifest)
         created: Body = self._plain(pod)
         return created
+
+    async def check_pod(self, manifest: Body) -> str | None:
+        """The apiserver's verdict on a pod, without creating it (a server-side dry run through validation and
+        admission): None if it would be created, else the apiserver's own message."""
+        try:
+            await self._call(self.core.create_namespaced_pod, self.namespace, manifest, dry_run="All")
+        except ApiException as err:
+            if err.status in (400, 403, 422):  # malformed, refused by admission (PodSecurity, say), invalid
+                return refusal_message(err)
+            raise
+        return None
 
     async def delete_pod(self, name: str, uid: str) -> None:
         options = {"preconditions": {"uid": uid}}

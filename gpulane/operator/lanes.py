@@ -14,13 +14,15 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from kubernetes.aio.client.exceptions import ApiException
+
 from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.resources import GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone, Kube, refusal_message
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
-from gpulane.operator.pods import backend_pod
+from gpulane.operator.pods import TemplateError, backend_pod
 
 log = logging.getLogger(__name__)
 
@@ -105,21 +107,35 @@ class LaneRunner:
         if pod is None or not pod.ready:
             await asyncio.gather(*(host.mark_dispatching(view) for view in assigned))
         if pod is None:
+            refused = host.observed.refused_models.get(want)
+            if refused is not None:
+                host.backend_failed(self.name, "ModelNotAccepted", f"GpuModel {want!r} is not accepted: {refused}")
+                return
             if model is None:
                 host.backend_failed(self.name, "ModelNotFound", f"GpuModel {want!r} no longer exists")
                 return
-            manifest = backend_pod(
-                lane=self.name,
-                lane_uid=self.uid,
-                lane_spec=self.spec,
-                model=want,
-                model_spec=model,
-                namespace=host.kube.namespace,
-            )
+            try:
+                manifest = backend_pod(
+                    lane=self.name,
+                    lane_uid=self.uid,
+                    lane_spec=self.spec,
+                    model=want,
+                    model_spec=model,
+                    namespace=host.kube.namespace,
+                )
+            except TemplateError as err:  # this lane's GPUs in the template (the model's check says it too)
+                host.backend_failed(self.name, "InvalidTemplate", f"GpuModel {want!r}: spec.template: {err}")
+                return
             try:
                 created = await host.kube.create_pod(manifest)
             except Conflict:
                 return  # the previous pod is still terminating; its deletion wakes us again
+            except ApiException as err:
+                if err.status not in (400, 403, 422):
+                    raise
+                message = f"the apiserver refuses GpuModel {want!r}'s pod: {refusal_message(err)}"
+                host.backend_failed(self.name, "PodRefused", message)
+                return
             self.load_started = now
             state = pod_state(created)
             if state is not None and self.name not in host.observed.pods:

@@ -4,20 +4,23 @@ keeps on its status."""
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from gpulane.api.contract import Body
-from gpulane.api.resources import GpuModelSpec
+from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobCancelled, JobSubmitted, ModelUpdated
 from gpulane.core.validation import describe
+from gpulane.kube.client import Kube
 from gpulane.operator.jobs import JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
+from gpulane.operator.pods import TemplateError, backend_pod
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import model_spec, policy_refusal
+from gpulane.operator.translate import condition, merge_condition, model_spec, policy_refusal
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +52,27 @@ class Host(Protocol):
     jobs: JobTable
     lanes: dict[str, LaneRunner]
     status: StatusWriter
+    kube: Kube
+    clock: Callable[[], float]
 
     def apply(self, event: Event, woke_at: float | None = None) -> None: ...
     def reject(self, view: JobView, reason: str) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
 
 def model_event(host: Host, kind: str | None, body: Body) -> None:
-    """A GpuModel appeared, changed or went: the core learns its spec, and jobs waiting for it join the queue."""
+    """A GpuModel appeared, changed or went: the core learns its spec, and jobs waiting for it join the queue.
+
+    A new generation is checked first: the apiserver judges the pod it builds (a server-side dry run, a few
+    milliseconds). A new model's jobs wait meanwhile; a changed one keeps serving with its last accepted
+    spec until the new one passes, and keeps it if it fails. A generation accepted before (its Accepted
+    condition says so: a restart, a takeover) is not checked again."""
     name = body["metadata"]["name"]
+    observed = host.observed
     if kind == "DELETED":
-        host.observed.models.pop(name, None)
+        observed.models.pop(name, None)
+        for table in (observed.checking, observed.accepted, observed.refused_models, observed.model_conditions):
+            table.pop(name, None)
         _park_model(host, name)
         return
     try:
@@ -66,9 +80,33 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
     except ValidationError as err:
         log.error("GpuModel %s is invalid: %s", name, describe(err, "spec"))
         return
+    generation = body["metadata"].get("generation")
+    if generation not in (observed.accepted.get(name), observed.checking.get(name)):
+        if kind is None or _accepted_before(body, generation):  # the rebuild; or an operator before this one
+            observed.accepted[name] = generation
+        else:
+            observed.checking[name] = generation
+            host.spawn(check_model(host, name, spec, body))
+            return  # its jobs wait meanwhile, or the last accepted spec serves on
+    elif observed.checking.get(name) == generation:
+        return  # a status write of ours while the new spec is checked
+    _serve(host, name, spec, body)
+
+
+def _accepted_before(body: Body, generation: int | None) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") == "Accepted" and c.get("status") == "True" and c.get("observedGeneration") == generation
+        for c in conditions
+    )
+
+
+def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
+    """Give the core this spec of the model, and let the jobs that waited for it queue."""
     observed = host.observed
     learned = observed.learned.setdefault(name, model_status_fields(body.get("status") or {}))
     observed.models[name] = spec
+    observed.refused_models.pop(name, None)
     if observed.model_generations.get(name) != body["metadata"].get("generation"):
         observed.model_generations[name] = body["metadata"].get("generation")
         host.status.model_dirty(name)
@@ -81,6 +119,69 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
             host.apply(JobSubmitted(view.job))
     for lane in host.lanes.values():
         lane.kick()
+
+
+async def check_model(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
+    """The apiserver's verdict on the pod this spec builds, on the model's Accepted condition; a refused
+    spec never serves (its jobs wait, or the last accepted spec goes on)."""
+    generation = body["metadata"].get("generation")
+    refusal, reason = await pod_refusal(host, name, spec)
+    observed = host.observed
+    if observed.checking.get(name) != generation:
+        return  # deleted, or a newer generation is being checked
+    observed.checking.pop(name, None)
+    now = host.clock()
+    if refusal is None:
+        observed.accepted[name] = generation
+        _serve(host, name, spec, body)
+        serving = sorted(lane for lane, pod in observed.pods.items() if pod.model == name and not pod.failed)
+        message = "each lane's next backend pod for this model is built from this spec"
+        if serving and (generation or 1) > 1:
+            message += (f"; {', '.join(serving)} serve(s) with a pod of an earlier spec until it is replaced (no "
+                        "running job is stopped for it)")  # fmt: skip
+        cond = condition("Accepted", True, reason, message, now, generation)
+    else:
+        log.error("GpuModel %s refused: %s", name, refusal)
+        if name in observed.accepted:
+            refusal += f"; generation {observed.accepted[name]} stays in effect"
+        else:
+            observed.models.pop(name, None)
+            observed.refused_models[name] = refusal
+            _park_model(host, name)
+        cond = condition("Accepted", False, reason, refusal, now, generation)
+    observed.model_conditions[name] = merge_condition(
+        observed.model_conditions.get(name) or (body.get("status") or {}).get("conditions"), cond
+    )
+    observed.model_generations[name] = generation
+    observed.learned.setdefault(name, model_status_fields(body.get("status") or {}))  # what its status keeps
+    host.status.model_dirty(name)
+
+
+async def pod_refusal(host: Host, name: str, spec: GpuModelSpec) -> tuple[str | None, str]:
+    """Why the pod this spec builds cannot serve (None if it can), and the condition's reason: gpulane's own
+    rules against every lane (its GPUs are the serving container's), then the apiserver's, for the first
+    lane (or a lane of no node), without creating anything."""
+    lanes = [(lane, runner.spec) for lane, runner in sorted(host.lanes.items())] or [("dry-run", GpuLaneSpec())]
+    try:
+        manifests = [
+            backend_pod(lane=lane, lane_uid="dry-run", lane_spec=lane_spec, model=name, model_spec=spec,
+                        namespace=host.kube.namespace)
+            for lane, lane_spec in lanes
+        ]  # fmt: skip
+    except TemplateError as err:
+        return f"spec.template: {err}", "InvalidTemplate"
+    manifest = manifests[0]
+    meta = manifest["metadata"]
+    meta.pop("ownerReferences")  # the lane is gpulane's part; a dry run needs no owner
+    meta["generateName"] = f"{meta.pop('name')}-check-"  # never clashes with the lane's live pod
+    try:
+        said = await host.kube.check_pod(manifest)
+    except Exception as err:  # the apiserver could not judge now: serve; the pod's own creation will tell
+        log.warning("GpuModel %s: the server-side dry run of its pod failed (%r); accepting it unchecked", name, err)
+        return None, "Unchecked"
+    if said is not None:
+        return f"the apiserver refuses the pod it builds: {said}", "PodRefused"
+    return None, "Valid"
 
 
 def _park_model(host: Host, model: str) -> None:

@@ -18,6 +18,12 @@ class Observed:
     models: dict[str, GpuModelSpec] = field(default_factory=dict)
     learned: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> status fields we keep up to date
     model_generations: dict[str, int | None] = field(default_factory=dict)
+    # The apiserver's verdict on the pod each GpuModel builds (models.py): its Accepted condition, the generation
+    # being checked, the last one accepted, and why a model that was never accepted is not served.
+    model_conditions: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+    checking: dict[str, int | None] = field(default_factory=dict)
+    accepted: dict[str, int | None] = field(default_factory=dict)
+    refused_models: dict[str, str] = field(default_factory=dict)
     pods: dict[str, PodState] = field(default_factory=dict)  # lane -> its backend pod as last seen
     nodes: dict[str, NodeState] = field(default_factory=dict)
     leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires

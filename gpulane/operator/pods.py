@@ -3,15 +3,15 @@ state are shared with executors, in ``gpulane/api/backend_pods.py``."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from typing import Any
 
 from gpulane.api.backend_pods import HTTP_PORT, pod_name
 from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL
-from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
+from gpulane.api.resources import API_VERSION, SERVING_CONTAINER, GpuLaneSpec, GpuModelSpec
 
-CONTAINER = "backend"
 # Model servers hold no state worth a long shutdown; a short grace keeps swaps quick.
 GRACE_SECONDS = 5
 
@@ -24,45 +24,47 @@ def label_value(text: str) -> str:
     return value.strip("-_.") or "x"
 
 
+class TemplateError(ValueError):
+    """A GpuModel whose pod gpulane cannot build for a lane; the message says which field and why."""
+
+
 def backend_pod(
     *, lane: str, lane_uid: str, lane_spec: GpuLaneSpec, model: str, model_spec: GpuModelSpec, namespace: str
 ) -> dict[str, Any]:
-    """The pod that serves ``model`` on ``lane``: pinned to the lane's node, holding its GPUs."""
-    gpus = {lane_spec.resource: str(lane_spec.count)}
-    resources = model_spec.resources
-    requests = {k: str(v) for k, v in (resources.requests if resources and resources.requests else {}).items()}
-    limits = {k: str(v) for k, v in (resources.limits if resources and resources.limits else {}).items()}
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": model_spec.image,
-        "ports": [{"name": HTTP_PORT, "containerPort": model_spec.port, "protocol": "TCP"}],
-        "readinessProbe": {
-            "httpGet": {"path": model_spec.readiness_path, "port": model_spec.port},
-            "periodSeconds": 1,
-            "failureThreshold": 3,
-        },
-        # Extended resources must be requested as limits (requests default to them).
-        "resources": {"requests": {**requests, **gpus}, "limits": {**limits, **gpus}},
-    }
-    if model_spec.command:
-        container["command"] = list(model_spec.command)
-    if model_spec.args:
-        container["args"] = list(model_spec.args)
-    if model_spec.env:
-        container["env"] = [{"name": e.name, "value": e.value} for e in model_spec.env]
-    spec: dict[str, Any] = {
-        "containers": [container],
-        "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": GRACE_SECONDS,
-        "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
-    }
+    """The pod that serves ``model`` on ``lane``: the model's template (if any) with its shorthand fields on
+    the serving container, pinned to the lane's node and holding its GPUs (docs/models.md says how they
+    combine)."""
+    template = model_spec.template
+    spec: dict[str, Any] = copy.deepcopy(template.spec) if template else {}
+    containers: list[dict[str, Any]] = spec.setdefault("containers", [])
+    serving = next((c for c in containers if c.get("name") == SERVING_CONTAINER), None)
+    if serving is None and len(containers) == 1:
+        serving = containers[0]
+    if serving is None:
+        serving = {"name": SERVING_CONTAINER}
+        containers.insert(0, serving)
+    for other in (c for c in containers if c is not serving):
+        if any(p.get("name") == HTTP_PORT for p in other.get("ports") or []):
+            raise TemplateError(f"container {other.get('name')!r}: the port name {HTTP_PORT!r} is the serving "
+                                "container's (gpulane reaches the model server by it)")  # fmt: skip
+        if lane_spec.resource in _resource_names(other):
+            raise TemplateError(f"container {other.get('name')!r} asks for {lane_spec.resource}: the lane's GPUs "
+                                "go to the serving container only")  # fmt: skip
+    if lane_spec.resource in _resource_names(serving):
+        raise TemplateError(f"the serving container sets {lane_spec.resource}: the lane's GPUs are gpulane's to "
+                            f"give (the GpuLane's resource and count)")  # fmt: skip
+    _serve(serving, model_spec, lane_spec)
     if lane_spec.node_name:
         spec["nodeSelector"] = {"kubernetes.io/hostname": lane_spec.node_name}
     else:
         spec["nodeSelector"] = dict(lane_spec.node_selector or {})
     if lane_spec.tolerations:
-        spec["tolerations"] = [dict(t) for t in lane_spec.tolerations]
+        spec["tolerations"] = [*spec.get("tolerations", []), *(dict(t) for t in lane_spec.tolerations)]
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", GRACE_SECONDS)
+    spec.setdefault("enableServiceLinks", False)
+    spec.setdefault("automountServiceAccountToken", False)
+    meta = template.metadata if template else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -70,12 +72,18 @@ def backend_pod(
             "name": pod_name(lane),
             "namespace": namespace,
             "labels": {
+                **(meta.get("labels") or {}),
                 MANAGED_BY: "gpulane",
                 COMPONENT_LABEL: "backend",
                 LANE_LABEL: label_value(lane),
                 MODEL_LABEL: label_value(model),
             },
-            "annotations": {**(model_spec.pod_annotations or {}), MODEL_LABEL: model, LANE_LABEL: lane},
+            "annotations": {
+                **(meta.get("annotations") or {}),
+                **(model_spec.pod_annotations or {}),
+                MODEL_LABEL: model,
+                LANE_LABEL: lane,
+            },
             "ownerReferences": [
                 {
                     "apiVersion": API_VERSION,
@@ -89,3 +97,38 @@ def backend_pod(
         },
         "spec": spec,
     }
+
+
+def _resource_names(container: dict[str, Any]) -> set[str]:
+    resources = container.get("resources") or {}
+    return {*(resources.get("requests") or {}), *(resources.get("limits") or {})}
+
+
+def _serve(container: dict[str, Any], model_spec: GpuModelSpec, lane_spec: GpuLaneSpec) -> None:
+    """The shorthand fields on the serving container (they win), its port, a readiness probe unless the
+    template has one, and the lane's GPUs."""
+    if model_spec.image:
+        container["image"] = model_spec.image
+    if model_spec.command:
+        container["command"] = list(model_spec.command)
+    if model_spec.args:
+        container["args"] = list(model_spec.args)
+    if model_spec.env:
+        given = {e.name for e in model_spec.env}
+        kept = [e for e in container.get("env") or [] if e.get("name") not in given]
+        container["env"] = [*kept, *({"name": e.name, "value": e.value} for e in model_spec.env)]
+    ports = [p for p in container.get("ports") or [] if p.get("name") != HTTP_PORT
+             and p.get("containerPort") != model_spec.port]  # fmt: skip
+    container["ports"] = [{"name": HTTP_PORT, "containerPort": model_spec.port, "protocol": "TCP"}, *ports]
+    container.setdefault(
+        "readinessProbe",
+        {"httpGet": {"path": model_spec.readiness_path, "port": model_spec.port}, "periodSeconds": 1,
+         "failureThreshold": 3},
+    )  # fmt: skip
+    gpus = {lane_spec.resource: str(lane_spec.count)}
+    resources = container.setdefault("resources", {})
+    short = model_spec.resources
+    for bound, given_ in (("requests", short.requests if short else None), ("limits", short.limits if short else None)):
+        merged = {**(resources.get(bound) or {}), **{k: str(v) for k, v in (given_ or {}).items()}}
+        # Extended resources must be requested as limits (requests default to them).
+        resources[bound] = {**merged, **gpus}

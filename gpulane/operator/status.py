@@ -129,7 +129,7 @@ class StatusWriter:
         await asyncio.gather(
             *(job(*w) for w in writes),
             *(self._write_lane(name) for name in lanes if name in host.lanes),
-            *(self._write_model(name) for name in models if name in host.observed.models),
+            *(self._write_model(name) for name in models if name in host.observed.learned),
         )
 
     async def _after_dispatches(self) -> None:
@@ -186,19 +186,23 @@ class StatusWriter:
             writes.append((view, JobState.PENDING, status, desired))
         self._depth = {name: dict(c) for name, c in depth.items()}
         for view in host.jobs.parked():
-            if view.written is None:
-                message = f"no GpuModel named {view.model!r}; the job waits until one is created"
-                view.conditions = merge_condition(
-                    view.conditions, condition("Admitted", False, "ModelNotFound", message, now)
+            refused = host.observed.refused_models.get(view.model)
+            if view.written != ("parked", refused):
+                reason = "ModelNotFound" if refused is None else "ModelNotAccepted"
+                message = (
+                    f"no GpuModel named {view.model!r}; the job waits until one is created"
+                    if refused is None
+                    else f"GpuModel {view.model!r} is not accepted ({refused}); the job waits until it is fixed"
                 )
+                view.conditions = merge_condition(view.conditions, condition("Admitted", False, reason, message, now))
                 status = job_status(
                     phase="Pending",
                     submittedAt=format_time(view.job.submitted_at),
-                    reason="ModelNotFound",
+                    reason=reason,
                     message=message,
                     conditions=view.conditions,
                 )
-                writes.append((view, JobState.PARKED, status, ("parked",)))
+                writes.append((view, JobState.PARKED, status, ("parked", refused)))
         for name, runner in host.lanes.items():
             if self._depth.get(name, {}) != runner.last_depth:
                 self._lanes.add(name)
@@ -266,6 +270,11 @@ class StatusWriter:
     async def _write_model(self, name: str) -> None:
         with contextlib.suppress(Gone):
             observed = self.host.observed
-            fields = {**observed.learned[name], "observedGeneration": observed.model_generations.get(name)}
+            fields: dict[str, Any] = {
+                **observed.learned[name],
+                "observedGeneration": observed.model_generations.get(name),
+            }
+            if name in observed.model_conditions:
+                fields["conditions"] = observed.model_conditions[name]
             status = GpuModelStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
             await self.host.kube.patch_cluster_status("gpumodels", name, {"status": status})

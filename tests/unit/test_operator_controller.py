@@ -124,6 +124,7 @@ class FakeKube:
         # an event "while the request is in flight".
         self.before_write: Any = None
         self.fail_deletes = 0
+        self.refuse: dict[str, str] = {}  # image -> the apiserver's message for a pod that serves it
         self._uids = itertools.count(1)
 
     # -- test side: objects appear and change without the operator -------------------------------
@@ -238,6 +239,11 @@ class FakeKube:
     async def patch_cluster_status(self, plural: str, name: str, patch: Body | list[Body]) -> Body:
         return self._patch(STATUS_WRITE_KINDS[plural], "patch_cluster_status", f"{plural}/{name}", patch)
 
+    async def check_pod(self, manifest: Body) -> str | None:
+        """A server-side dry run: the apiserver's refusal of a pod whose serving image is in ``refuse``."""
+        self.calls.append(Call("check_pod", f"pods/{self.namespace}", copy.deepcopy(manifest)))
+        return self.refuse.get(manifest["spec"]["containers"][0].get("image", ""))
+
     async def create_pod(self, manifest: Body) -> Body:
         target = f"pods/{self.namespace}/{manifest['metadata']['name']}"
         self._write("pod-create", "create_pod", target, manifest)
@@ -321,7 +327,11 @@ class World:
     # objects the operator watches, each created in the fake and its ADDED event delivered
 
     def model(self, name: str = "m", **spec: Any) -> None:
-        body = self.kube.put("gpumodels", {"metadata": {"name": name}, "spec": {"image": f"{name}:v1", **spec}})
+        """GpuModel ``name``, accepted before (its check is test_operator_model_check.py's)."""
+        accepted = {"type": "Accepted", "status": "True", "reason": "Valid", "message": "", "observedGeneration": 1,
+                    "lastTransitionTime": format_time(self.clock())}  # fmt: skip
+        body = self.kube.put("gpumodels", {"metadata": {"name": name}, "spec": {"image": f"{name}:v1", **spec},
+                                           "status": {"conditions": [accepted]}})  # fmt: skip
         self.ctl.model_event("ADDED", body)
 
     def node(self, name: str, ready: bool = True, gpus: str = "1") -> None:

@@ -1,0 +1,106 @@
+"""GpuModel spec.template on the real node gpu-0 (docs/models.md): a model server's pod with its weights
+on a hostPath volume, an in-memory /dev/shm and a token from a Secret; and templates that Kubernetes or
+gpulane refuse, refused when the GpuModel is applied."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from .operator_support import API, OPERATOR_NAMESPACE, World
+from .support import wait_until
+
+pytestmark = pytest.mark.e2e
+
+CHECK = (
+    "import os; print(open('/models/tiny.gguf').read().strip()); print(os.environ['HF_TOKEN']);"
+    "print([line.split()[2] for line in open('/proc/mounts') if line.split()[1] == '/dev/shm'][0])"
+)
+
+
+@pytest.fixture
+def weights() -> Iterator[Path]:
+    """A weights directory on gpu-0 (this host), readable by the pod's user."""
+    path = Path(tempfile.mkdtemp(prefix="gpulane-weights-", dir="/tmp"))
+    path.chmod(0o755)
+    (path / "tiny.gguf").write_text("GGUF tiny weights\n")
+    (path / "tiny.gguf").chmod(0o644)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def accepted(world: World, model: str) -> dict[str, Any]:
+    status = world.cluster_status("gpumodels", model)
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Accepted"), {})
+
+
+def test_a_template_serves_with_its_weights_shm_and_secret_on_gpu_0(
+    world: World, core_v1: client.CoreV1Api, weights: Path
+) -> None:
+    lane = world.real_lane()
+    secret = world.name("hf")
+    core_v1.create_namespaced_secret(
+        OPERATOR_NAMESPACE,
+        client.V1Secret(metadata=client.V1ObjectMeta(name=secret), string_data={"token": "hf_e2e_token"}),
+    )
+    try:
+        template = {
+            "metadata": {"labels": {"team": "e2e"}},
+            "spec": {
+                "volumes": [
+                    {"name": "weights", "hostPath": {"path": str(weights), "type": "Directory"}},
+                    {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+                ],
+                "containers": [
+                    {
+                        "name": "backend",
+                        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": "token"}}}],
+                        "volumeMounts": [
+                            {"name": "weights", "mountPath": "/models", "readOnly": True},
+                            {"name": "shm", "mountPath": "/dev/shm"},
+                        ],
+                    }
+                ],
+            },
+        }
+        model = world.real_model("tpl", template=template)
+        wait_until(lambda: accepted(world, model).get("status") == "True", what="the model accepted")
+        world.job("j", model)
+        world.wait_phase("j", "Running", timeout=90)
+        [pod] = world.backend_pods(lane)
+        assert pod.metadata.labels["team"] == "e2e" and pod.spec.node_name == "gpu-0"
+        seen = world.cluster.kubectl("exec", pod.metadata.name, "-n", OPERATOR_NAMESPACE, "-c", "backend", "--",
+                                     "python3", "-c", CHECK).stdout.split()  # fmt: skip
+        assert seen == ["GGUF", "tiny", "weights", "hf_e2e_token", "tmpfs"], seen
+        world.complete("j")
+    finally:
+        core_v1.delete_namespaced_secret(secret, OPERATOR_NAMESPACE)
+
+
+def test_a_template_that_sets_gpulanes_fields_is_refused_at_apply_and_a_bad_pod_on_its_condition(
+    world: World,
+) -> None:
+    name = world.name("bad")
+    doc = {"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name},
+           "spec": {"image": "example.invalid/x:1", "template": {"spec": {"nodeName": "elsewhere"}}}}  # fmt: skip
+    refused = world.cluster.kubectl("apply", "-f", "-", input=json.dumps(doc), check=False)
+    assert refused.returncode != 0
+    assert "spec.template.spec.nodeName is gpulane's: the backend pod runs on its lane's node" in refused.stderr
+    # Kubernetes refuses the pod it builds (a volume name is not a DNS label): the apiserver says so on the
+    # model's Accepted condition, and its jobs wait, saying why.
+    volume = {"name": "Bad_Volume", "emptyDir": {}}
+    model = world.model("badpod", template={"spec": {"volumes": [volume]}})
+    cond = wait_until(lambda: (c := accepted(world, model)).get("status") == "False" and c, what="the refusal")
+    assert cond["reason"] == "PodRefused" and "Bad_Volume" in cond["message"], cond
+    world.lane()
+    world.job("waits", model)
+    status = wait_until(lambda: (s := world.status("waits")).get("reason") == "ModelNotAccepted" and s,
+                        what="the job saying why it waits")  # fmt: skip
+    assert "Bad_Volume" in status["message"] and status["phase"] == "Pending"
