@@ -185,46 +185,102 @@ class Resources(CamelModel):
 
 
 SERVING_CONTAINER = "backend"
-# What makes a pod a lane's backend is gpulane's: these a template may not set (docs/models.md).
+# What makes a pod a lane's backend is gpulane's: a template may not set it (docs/models.md).
 OWNED_LABELS = (MANAGED_BY, COMPONENT_LABEL, LANE_LABEL, MODEL_LABEL)
 OWNED_ANNOTATIONS = (LANE_LABEL, MODEL_LABEL)
-OWNED_POD_FIELDS = {
-    "nodeName": "the backend pod runs on its lane's node: set the GpuLane's nodeName or nodeSelector",
-    "nodeSelector": "the backend pod runs on its lane's node: set the GpuLane's nodeName or nodeSelector",
-}
-TEMPLATE_METADATA = ("labels", "annotations")
+PINNED = "the backend pod runs on its lane's node: set the GpuLane's nodeName or nodeSelector"
+NOT_THE_TEMPLATES = "the name, namespace and owner of a backend pod are gpulane's"
+NAME_THE_SERVER = f"name the serving container {SERVING_CONTAINER!r} (a template with one container serves with it)"
 
 
-def _owned_rules() -> JsonDict:
-    """CEL rules the apiserver checks when the GpuModel is applied: a template never sets what is gpulane's."""
-    rules = [
-        {"rule": f"!('{field}' in self.spec)", "message": f"spec.template.spec.{field} is gpulane's: {why}"}
-        for field, why in OWNED_POD_FIELDS.items()
-    ]
-    rules += [
-        {
-            "rule": f"self.metadata.all(k, k in {list(TEMPLATE_METADATA)})",
-            "message": "spec.template.metadata may hold labels and annotations only: the name, namespace and owner "
-            "of a backend pod are gpulane's",
-        },
-        {
-            "rule": f"!('labels' in self.metadata) || !self.metadata.labels.exists(k, k in {list(OWNED_LABELS)})",
-            "message": f"spec.template.metadata.labels: {', '.join(OWNED_LABELS)} are gpulane's (it finds its "
-            "backend pods by them)",
-        },
-        {
-            "rule": "!('annotations' in self.metadata)"
-            f" || !self.metadata.annotations.exists(k, k in {list(OWNED_ANNOTATIONS)})",
-            "message": f"spec.template.metadata.annotations: {', '.join(OWNED_ANNOTATIONS)} are gpulane's",
-        },
-        {
-            "rule": "!('containers' in self.spec) || size(self.spec.containers) == 1"
-            f" || self.spec.containers.exists(c, c.name == '{SERVING_CONTAINER}')",
-            "message": f"spec.template.spec.containers: name the serving container {SERVING_CONTAINER!r} (a "
-            "template with one container serves with it)",
-        },
-    ]
-    return {"x-kubernetes-validations": rules}  # type: ignore[dict-item]
+def _rules(*rules: tuple[str, str]) -> JsonDict:
+    """CEL rules the apiserver checks when the GpuModel is applied."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def _owned_keys(field: str, owned: tuple[str, ...]) -> tuple[str, str]:
+    return (
+        f"!has(self.{field}) || !self.{field}.exists(k, k in {list(owned)})",
+        f"spec.template.metadata.{field}: {', '.join(owned)} are gpulane's (it finds its backend pods by them)",
+    )
+
+
+class TemplateMetadata(CamelModel):
+    """A pod template's metadata: labels and annotations. The rest is declared only to be refused."""
+
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": _rules(
+            (
+                "!has(self.name) && !has(self.generateName) && !has(self.namespace) && !has(self.ownerReferences)",
+                f"spec.template.metadata: {NOT_THE_TEMPLATES}",
+            ),
+            _owned_keys("labels", OWNED_LABELS),
+            _owned_keys("annotations", OWNED_ANNOTATIONS),
+        )
+    }
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    name: str | None = None
+    generate_name: str | None = None
+    namespace: str | None = None
+    owner_references: list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _nothing_of_gpulanes(self) -> TemplateMetadata:
+        if any(v is not None for v in (self.name, self.generate_name, self.namespace, self.owner_references)):
+            raise ValueError(f"spec.template.metadata: {NOT_THE_TEMPLATES}")
+        for key, owned in (("labels", OWNED_LABELS), ("annotations", OWNED_ANNOTATIONS)):
+            taken = sorted(set(getattr(self, key) or {}) & set(owned))
+            if taken:
+                raise ValueError(f"spec.template.metadata.{key}: {', '.join(taken)} are gpulane's")
+        return self
+
+
+class TemplateContainer(CamelModel):
+    """A container of a pod template: a Kubernetes Container; gpulane reads its name and image."""
+
+    model_config = CamelModel.model_config | {"extra": "allow"}
+
+    name: str = Field(min_length=1, max_length=63)
+    image: str | None = None
+
+
+class TemplatePodSpec(CamelModel):
+    """A pod template's spec: a Kubernetes PodSpec (every field kept), without what pins it to a node."""
+
+    model_config = CamelModel.model_config | {
+        "extra": "allow",
+        "json_schema_extra": _rules(
+            ("!has(self.nodeName)", f"spec.template.spec.nodeName is gpulane's: {PINNED}"),
+            ("!has(self.nodeSelector)", f"spec.template.spec.nodeSelector is gpulane's: {PINNED}"),
+            (
+                "!has(self.containers) || size(self.containers) <= 1"
+                f" || self.containers.exists(c, c.name == '{SERVING_CONTAINER}')",
+                f"spec.template.spec.containers: {NAME_THE_SERVER}",
+            ),
+        ),
+    }
+
+    node_name: str | None = None
+    node_selector: dict[str, str] | None = None
+    containers: list[TemplateContainer] | None = None
+
+    @model_validator(mode="after")
+    def _not_pinned(self) -> TemplatePodSpec:
+        for field, value in (("nodeName", self.node_name), ("nodeSelector", self.node_selector)):
+            if value is not None:
+                raise ValueError(f"spec.template.spec.{field} is gpulane's: {PINNED}")
+        containers = self.containers or []
+        if len(containers) > 1 and not any(c.name == SERVING_CONTAINER for c in containers):
+            raise ValueError(f"spec.template.spec.containers: {NAME_THE_SERVER}")
+        return self
+
+    def serving(self) -> TemplateContainer | None:
+        """The serving container: the one named ``backend``, or the only one."""
+        containers = self.containers or []
+        named = [c for c in containers if c.name == SERVING_CONTAINER]
+        return named[0] if named else (containers[0] if len(containers) == 1 else None)
 
 
 class PodTemplate(CamelModel):
@@ -233,43 +289,14 @@ class PodTemplate(CamelModel):
     # gpulane builds each backend pod from it, adding what makes it the lane's (gpulane/operator/pods.py);
     # the apiserver checks the pod it builds when the GpuModel is applied (a server-side dry run, reported on
     # the model's Accepted condition).
-
-    model_config = CamelModel.model_config | {"json_schema_extra": _owned_rules()}
-
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    spec: dict[str, Any] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _nothing_of_gpulanes(self) -> PodTemplate:
-        for field, why in OWNED_POD_FIELDS.items():
-            if field in self.spec:
-                raise ValueError(f"spec.template.spec.{field} is gpulane's: {why}")
-        extra = sorted(set(self.metadata) - set(TEMPLATE_METADATA))
-        if extra:
-            raise ValueError(f"spec.template.metadata may hold labels and annotations only, not {', '.join(extra)}")
-        for key, owned in (("labels", OWNED_LABELS), ("annotations", OWNED_ANNOTATIONS)):
-            taken = sorted(set(self.metadata.get(key) or {}) & set(owned))
-            if taken:
-                raise ValueError(f"spec.template.metadata.{key}: {', '.join(taken)} are gpulane's")
-        containers = self.spec.get("containers") or []
-        if len(containers) > 1 and not any(c.get("name") == SERVING_CONTAINER for c in containers):
-            raise ValueError(
-                f"spec.template.spec.containers: name the serving container {SERVING_CONTAINER!r} (a template "
-                "with one container serves with it)"
-            )
-        return self
-
-    def serving(self) -> dict[str, Any] | None:
-        """The serving container: the one named ``backend``, or the only one."""
-        containers = self.spec.get("containers") or []
-        named = [c for c in containers if c.get("name") == SERVING_CONTAINER]
-        return named[0] if named else (containers[0] if len(containers) == 1 else None)
+    metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
+    spec: TemplatePodSpec = Field(default_factory=TemplatePodSpec)
 
 
 IMAGE_RULE = (
-    "has(self.image) || (has(self.template) && 'containers' in self.template.spec"
-    " && (size(self.template.spec.containers) == 1 ? 'image' in self.template.spec.containers[0]"
-    f" : self.template.spec.containers.exists(c, c.name == '{SERVING_CONTAINER}' && 'image' in c)))"
+    "has(self.image) || (has(self.template) && has(self.template.spec.containers)"
+    " && (size(self.template.spec.containers) == 1 ? has(self.template.spec.containers[0].image)"
+    f" : self.template.spec.containers.exists(c, c.name == '{SERVING_CONTAINER}' && has(c.image))))"
 )
 IMAGE_MESSAGE = "spec.image is required unless spec.template's serving container names an image"
 
@@ -300,8 +327,8 @@ class GpuModelSpec(CamelModel):
 
     @model_validator(mode="after")
     def _an_image(self) -> GpuModelSpec:
-        serving = self.template.serving() if self.template else None
-        if self.image is None and not (serving and serving.get("image")):
+        serving = self.template.spec.serving() if self.template else None
+        if self.image is None and not (serving and serving.image):
             raise ValueError(IMAGE_MESSAGE)
         return self
 

@@ -3,7 +3,6 @@ state are shared with executors, in ``gpulane/api/backend_pods.py``."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from typing import Any
@@ -35,7 +34,8 @@ def backend_pod(
     the serving container, pinned to the lane's node and holding its GPUs (docs/models.md says how they
     combine)."""
     template = model_spec.template
-    spec: dict[str, Any] = copy.deepcopy(template.spec) if template else {}
+    # Every field of the template's PodSpec, as written (its extra fields are kept by name).
+    spec: dict[str, Any] = template.spec.model_dump(by_alias=True, exclude_none=True) if template else {}
     containers: list[dict[str, Any]] = spec.setdefault("containers", [])
     serving = next((c for c in containers if c.get("name") == SERVING_CONTAINER), None)
     if serving is None and len(containers) == 1:
@@ -64,7 +64,8 @@ def backend_pod(
     spec.setdefault("terminationGracePeriodSeconds", GRACE_SECONDS)
     spec.setdefault("enableServiceLinks", False)
     spec.setdefault("automountServiceAccountToken", False)
-    meta = template.metadata if template else {}
+    labels = (template.metadata.labels if template else None) or {}
+    annotations = (template.metadata.annotations if template else None) or {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -72,14 +73,14 @@ def backend_pod(
             "name": pod_name(lane),
             "namespace": namespace,
             "labels": {
-                **(meta.get("labels") or {}),
+                **labels,
                 MANAGED_BY: "gpulane",
                 COMPONENT_LABEL: "backend",
                 LANE_LABEL: label_value(lane),
                 MODEL_LABEL: label_value(model),
             },
             "annotations": {
-                **(meta.get("annotations") or {}),
+                **annotations,
                 **(model_spec.pod_annotations or {}),
                 MODEL_LABEL: model,
                 LANE_LABEL: lane,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.unit.test_operator_controller import NS, World
+from .test_operator_controller import NS, World
 
 REFUSAL = 'Pod "gpulane-gpu-0-check-x" is invalid: spec.volumes[0].name: Invalid value: "Weights"'
 
