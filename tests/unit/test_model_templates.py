@@ -105,7 +105,7 @@ def test_a_single_container_serves_whatever_its_name_and_without_a_template_gpul
     [
         ({"spec": {"nodeName": "other"}}, "spec.template.spec.nodeName is gpulane's"),
         ({"spec": {"nodeSelector": {"a": "b"}}}, "spec.template.spec.nodeSelector is gpulane's"),
-        ({"metadata": {"name": "mine"}}, "spec.template.metadata: the name, namespace and owner of a backend pod are gpulane's"),
+        ({"metadata": {"name": "mine"}}, "spec.template.metadata: the name, namespace and owner of a backend pod"),
         ({"metadata": {"labels": {"gpulane.io/lane": "x"}}}, "spec.template.metadata.labels: gpulane.io/lane are"),
         ({"metadata": {"annotations": {"gpulane.io/model": "x"}}}, "annotations: gpulane.io/model are gpulane's"),
         ({"spec": {"containers": [{"name": "a", "image": "i"}, {"name": "b", "image": "i"}]}},
