@@ -503,6 +503,18 @@ def test_bad_values_fail_the_install_and_name_the_field(
     assert where in proc.stderr, proc.stderr
 
 
+def test_helm_install_with_bad_values_fails_before_anything_is_created(cluster: Cluster, namespace: str) -> None:
+    """The same schema through `helm install` against the cluster: refused, and no release or object left."""
+    release = f"bad-{namespace[-6:]}"
+    proc = cluster.helm("install", release, str(CHART), "-n", namespace, "--set", "operator.replicas=two",
+                        check=False)  # fmt: skip
+    assert proc.returncode != 0 and "at '/operator/replicas'" in proc.stderr, proc.stderr
+    assert release not in cluster.helm("list", "-n", namespace, "-a", "-q").stdout
+    left = cluster.kubectl("get", "all,secrets,configmaps", "-n", namespace, "-l",
+                           f"app.kubernetes.io/instance={release}", "-o", "name").stdout  # fmt: skip
+    assert left == "", left
+
+
 def rendered(cluster: Cluster, *values: str) -> dict[tuple[str, str], dict[str, Any]]:
     out = cluster.helm("template", "r", str(CHART), "-n", "ns", *values).stdout
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
