@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from gpulane.bridge import routes
 from gpulane.bridge.calls import Call, CallError, max_run_seconds, queue_timeout, read_call
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
@@ -79,8 +80,15 @@ class Bridge:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes + 1024)
-        app.router.add_post("/v1/{tail:.+}", self.call)
+        for path in routes.paths("POST"):
+            app.router.add_post(path, self.call)
+        for path in routes.paths("GET"):
+            app.router.add_get(path, self.call)
+        app.router.add_route("*", routes.UPSTREAM + "{tail:.*}", self.call)
+        app.router.add_post("/v1/{tail:.+}", self.call)  # anything else under /v1: an OpenAI-style 404
         app.router.add_get("/v1/models", self.list_models)
+        app.router.add_get("/running", self.running)
+        app.router.add_get("/health", self.health)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/metrics", make_aiohttp_handler(self.metrics.registry))
@@ -98,6 +106,24 @@ class Bridge:
             await self._session.close()
 
     # -- plain endpoints --------------------------------------------------------------------------
+
+    async def health(self, _: web.Request) -> web.Response:
+        """llama-swap's liveness endpoint, which its clients and dashboards poll."""
+        return web.Response(text="OK")
+
+    async def running(self, request: web.Request) -> web.Response:
+        """llama-swap's ``/running``: the models loaded now, one entry per GPU lane (for a valid key)."""
+        try:
+            self.keys.identify(request.headers.get("Authorization"), request.headers)
+        except Denied as err:
+            return self._error(CallError(err.status, str(err), kind="authentication_error"))
+        lanes = await self.queue.lanes()
+        running = [
+            {"model": lane.model, "state": "ready" if lane.ready else "starting", "lane": lane.name}
+            for lane in lanes
+            if lane.model
+        ]
+        return web.json_response({"running": running})
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -154,7 +180,8 @@ class Bridge:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise CallError(413, f"request body is over the limit of {self.settings.max_body_bytes} bytes") from None
-        call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes)
+        call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes,
+                         request.method, request.query_string)  # fmt: skip
         if call.model not in await self.queue.models():
             raise CallError(404, f"the model {call.model!r} does not exist", code="model_not_found", param="model")
         if sum(self._queued.values()) >= self.settings.max_queued:
@@ -265,10 +292,9 @@ class Bridge:
         assert self._session is not None
         started = time.monotonic()
         try:
-            async with self._session.post(
-                base.rstrip("/") + call.path,
-                data=call.body,
-                headers={"Content-Type": call.content_type, "Accept-Encoding": "identity"},
+            sent = {"Accept-Encoding": "identity", **({"Content-Type": call.content_type} if call.content_type else {})}
+            async with self._session.request(
+                call.method, base.rstrip("/") + call.target, data=call.body or None, headers=sent
             ) as upstream:
                 failed = f"the backend answered {upstream.status}"
                 if response is None:

@@ -12,20 +12,11 @@ from dataclasses import dataclass
 from email.message import Message
 from email.parser import BytesHeaderParser
 from typing import Any
+from urllib.parse import parse_qs
 
 from gpulane.api.run_limits import MAX_RUN_SECONDS
+from gpulane.bridge.routes import route
 
-# Routed by the JSON body's "model" field.
-JSON_PATHS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/images/generations",
-    "/v1/audio/speech",
-    "/v1/responses",
-)
-# Routed by the multipart form's "model" field.
-MULTIPART_PATHS = ("/v1/audio/transcriptions", "/v1/images/edits")
 # The longest "model" value taken from a form; a model name is a Kubernetes object name.
 MAX_MODEL_FIELD = 253
 
@@ -78,23 +69,35 @@ class Call:
     stream: bool
     body: bytes
     content_type: str
+    method: str = "POST"
+    upstream: str = ""  # the model server's path and query ("" is the caller's path)
+
+    @property
+    def target(self) -> str:
+        return self.upstream or self.path
 
 
-def read_call(path: str, content_type: str, body: bytes, max_bytes: int) -> Call:
+def read_call(path: str, content_type: str, body: bytes, max_bytes: int, method: str = "POST", query: str = "") -> Call:
     """The call's route, model and streaming mode, or a CallError saying what is wrong with it."""
     if len(body) > max_bytes:
         raise CallError(413, f"request body of {len(body)} bytes is over the limit of {max_bytes}", code="too_large")
-    if path in MULTIPART_PATHS:
+    found = route(method, path)
+    if found is None:
+        raise CallError(404, f"unknown endpoint {method} {path}", code="unknown_url")
+    upstream = found.upstream + (f"?{query}" if query else "")
+    if found.model_from in ("path", "query"):
+        named = (found.model if found.model_from == "path" else parse_qs(query).get("model", [""])[0]) or ""
+        if not named.strip():
+            raise CallError(400, f"{method} {path} needs the model as ?model=...", param="model")
+        # Passed through as they are: the server's answer is streamed back whatever it is.
+        return Call(path, _bounded(named.strip()), False, body, content_type, method, upstream)
+    if found.model_from == "form":
         if not content_type.startswith("multipart/form-data"):
             raise CallError(400, f"{path} takes multipart/form-data")
-        model = form_field(content_type, body, "model")
-        if model is None or not model.strip():
+        field = form_field(content_type, body, "model")
+        if field is None or not field.strip():
             raise CallError(400, "the form has no 'model' field", param="model")
-        if len(model) > MAX_MODEL_FIELD:
-            raise CallError(400, f"the form's 'model' field is over {MAX_MODEL_FIELD} characters", param="model")
-        return Call(path, model.strip(), False, body, content_type)
-    if path not in JSON_PATHS:
-        raise CallError(404, f"unknown endpoint {path}", code="unknown_url")
+        return Call(path, _bounded(field.strip()), False, body, content_type, method, upstream)
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
@@ -107,7 +110,13 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int) -> Call
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
         raise CallError(400, "'stream' must be a boolean", param="stream")
-    return Call(path, model, stream, body, "application/json")
+    return Call(path, model, stream, body, "application/json", method, upstream)
+
+
+def _bounded(model: str) -> str:
+    if len(model) > MAX_MODEL_FIELD:
+        raise CallError(400, f"the model name is over {MAX_MODEL_FIELD} characters", param="model")
+    return model
 
 
 def form_field(content_type: str, body: bytes, name: str) -> str | None:

@@ -56,8 +56,18 @@ class JobState:
         return self.phase in TERMINAL_PHASES
 
 
+@dataclass(frozen=True, slots=True)
+class LaneView:
+    """A GPU lane as llama-swap's /running tells it: its name, the model loaded on it, and whether it serves."""
+
+    name: str
+    model: str | None
+    ready: bool
+
+
 class JobQueue(Protocol):
     async def models(self) -> set[str]: ...
+    async def lanes(self) -> list[LaneView]: ...
     async def submit(self, submission: Submission) -> str: ...
     def follow(self, name: str) -> AsyncIterator[JobState]: ...
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
@@ -173,6 +183,14 @@ class KubeJobQueue:
             self._models = {m["metadata"]["name"] for m in await self.kube.list_cluster("gpumodels")}
             self._models_at = time.monotonic()
         return self._models
+
+    async def lanes(self) -> list[LaneView]:
+        lanes = await self.kube.list_cluster("gpulanes")
+        return [
+            LaneView(lane["metadata"]["name"], (lane.get("status") or {}).get("residentModel"),
+                     bool((lane.get("status") or {}).get("ready")))
+            for lane in sorted(lanes, key=lambda lane: lane["metadata"]["name"])
+        ]  # fmt: skip
 
     async def submit(self, submission: Submission) -> str:
         name = f"call-{uuid.uuid4().hex[:12]}"

@@ -115,6 +115,9 @@ class _FakeBackend:
                 web.post("/v1/audio/speech", self.speech),
                 web.post("/v1/audio/transcriptions", self.transcriptions),
                 web.post("/v1/responses", self.responses),
+                # What other servers behind llama-swap answer: a stable-diffusion server, llama-server's own.
+                web.post("/sdapi/v1/txt2img", self.txt2img),
+                web.get("/props", self.props),
             ]
         )
         return app
@@ -322,6 +325,19 @@ class _FakeBackend:
         count = _count(payload.get("n", 1))
         async with self._serving(model):
             return _reply(model, _images(model, count))
+
+    async def txt2img(self, request: web.Request) -> web.StreamResponse:
+        """A stable-diffusion server's sdapi call: base64 images, and the parameters it drew them with."""
+        payload, model = await self._json_call(request)
+        count = _count(payload.get("batch_size", 1))
+        async with self._serving(model):
+            images = [base64.b64encode(PNG).decode()] * count
+            return _reply(model, {"images": images, "parameters": payload, "info": f"drawn by {model}"})
+
+    async def props(self, _: web.Request) -> web.Response:
+        """llama-server's /props: what it serves (reached through the bridge's /upstream route)."""
+        self._check_loaded()
+        return web.json_response({"model_path": (self.config.models or ["any"])[0], "total_slots": 1})
 
     async def image_edits(self, request: web.Request) -> web.StreamResponse:
         fields, model, _ = await self._form_call(request)

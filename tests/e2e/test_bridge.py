@@ -83,6 +83,28 @@ def test_chat_completions_through_the_bridge(setup: Setup) -> None:
     assert (job["spec"]["member"], job["spec"]["priority"]) == ("bob", 0)
 
 
+def test_an_sdapi_call_and_an_upstream_call_are_queued_jobs_like_any_other(setup: Setup) -> None:
+    """llama-swap's routes beyond OpenAI's (docs/bridge.md): a stable-diffusion server's txt2img, and
+    /upstream/<model>/<path> to a server's own endpoint, each a GpuJob with the caller's priority."""
+
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"Bearer {USER_KEY}", "Content-Type": "application/json",
+                   "X-LlamaSwap-Priority": "-50"}  # fmt: skip
+        request = urllib.request.Request(f"{setup.bridge.url}{path}", data=data, method=method, headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return json.loads(resp.read()), resp.headers
+
+    txt2img = {"model": setup.model, "prompt": "a lighthouse", "batch_size": 2}
+    drawn, headers = call("POST", "/sdapi/v1/txt2img", txt2img)
+    assert len(drawn["images"]) == 2 and drawn["parameters"]["prompt"] == "a lighthouse"
+    props, _ = call("GET", f"/upstream/{setup.model}/props")
+    assert props["model_path"] == setup.model
+    jobs = setup.all_succeeded()
+    assert len(jobs) == 2 and {j["spec"]["priority"] for j in jobs} == {-50}
+    assert headers["X-Gpulane-Job"] in {j["metadata"]["name"] for j in jobs}
+
+
 def test_streaming_chunks_arrive_one_by_one(setup: Setup) -> None:
     stream = setup.client().chat.completions.create(
         model=setup.model, messages=[{"role": "user", "content": "count"}], stream=True

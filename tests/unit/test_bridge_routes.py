@@ -1,0 +1,153 @@
+"""The routes the bridge takes over from llama-swap (gpulane/bridge/routes.py): every path llama-swap
+dispatches by model, where each finds its model, and what the model server receives, through a real bridge
+in front of a real aiohttp backend that records each request."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gpulane.bridge import routes
+from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.calls import CallError, read_call
+from gpulane.bridge.jobs import JobState, LaneView, Submission
+from gpulane.bridge.keys import KeyRing, KeysFile
+
+KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
+AUTH = {"Authorization": f"Bearer {KEY['key']}"}
+
+
+class Queue:
+    """Every job runs at once; submissions and ends are recorded."""
+
+    def __init__(self) -> None:
+        self.submitted: list[Submission] = []
+        self.finished: list[bool] = []
+
+    async def models(self) -> set[str]:
+        return {"m", "sd"}
+
+    async def lanes(self) -> list[LaneView]:
+        return [LaneView("gpu-0", "m", True), LaneView("gpu-1", "sd", False), LaneView("gpu-2", None, False)]
+
+    async def submit(self, submission: Submission) -> str:
+        self.submitted.append(submission)
+        return f"job-{len(self.submitted)}"
+
+    async def follow(self, name: str) -> AsyncIterator[JobState]:
+        yield JobState("Running")
+
+    async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
+        self.finished.append(succeeded)
+
+    async def cancel(self, name: str) -> None:
+        raise AssertionError("no call here is cancelled")
+
+
+@contextlib.asynccontextmanager
+async def bridged() -> AsyncIterator[tuple[TestClient[web.Request, web.Application], list[dict[str, Any]], Queue]]:
+    """A backend that echoes every request's method, path, query and body, and a bridge in front of it."""
+    seen: list[dict[str, Any]] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        seen.append({"method": request.method, "path": request.path, "query": request.query_string, "body": body})
+        return web.json_response({"path": request.path})
+
+    backend = web.Application()
+    backend.router.add_route("*", "/{tail:.*}", echo)
+    queue = Queue()
+    async with TestServer(backend) as upstream:
+        url = str(upstream.make_url("/"))
+        settings = BridgeSettings(endpoints={"m": url, "sd": url})
+        bridge = Bridge(queue, KeyRing(KeysFile.model_validate({"keys": [KEY]})), settings)
+        async with TestClient(TestServer(bridge.app())) as http:
+            yield http, seen, queue
+
+
+@pytest.mark.parametrize("path", routes.JSON_ROUTES)
+def test_every_json_route_of_llama_swap_is_a_queued_call_by_the_bodys_model(path: str) -> None:
+    async def scenario() -> None:
+        async with bridged() as (http, seen, queue):
+            resp = await http.post(path, json={"model": "sd", "prompt": "a lighthouse"}, headers=AUTH)
+            assert resp.status == 200, await resp.text()
+        assert [s.model for s in queue.submitted] == ["sd"] and queue.finished == [True]
+        assert seen[0]["method"] == "POST" and seen[0]["path"] == path
+        assert b'"prompt": "a lighthouse"' in seen[0]["body"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", routes.VERSIONLESS_ROUTES)
+def test_a_versionless_route_reaches_the_server_without_its_v(path: str) -> None:
+    async def scenario() -> None:
+        async with bridged() as (http, seen, _):
+            resp = await http.post(path, json={"model": "m", "messages": []}, headers=AUTH)
+            assert resp.status == 200
+        assert seen[0]["path"] == path.removeprefix("/v") and not seen[0]["path"].startswith("/v/")
+
+    asyncio.run(scenario())
+
+
+def test_get_routes_take_the_model_from_the_query_and_pass_the_query_on() -> None:
+    async def scenario() -> None:
+        async with bridged() as (http, seen, queue):
+            resp = await http.get("/sdapi/v1/loras?model=sd&refresh=1", headers=AUTH)
+            assert resp.status == 200
+            missing = await http.get("/v1/audio/voices", headers=AUTH)
+            assert missing.status == 400 and "needs the model as ?model=" in (await missing.json())["error"]["message"]
+        assert (seen[0]["method"], seen[0]["path"], seen[0]["query"]) == (
+            "GET",
+            "/sdapi/v1/loras",
+            "model=sd&refresh=1",
+        )
+        assert [s.model for s in queue.submitted] == ["sd"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "DELETE"])
+def test_upstream_passes_any_method_to_any_path_of_the_named_model_queued_like_a_call(method: str) -> None:
+    async def scenario() -> None:
+        async with bridged() as (http, seen, queue):
+            resp = await http.request(method, "/upstream/sd/api/v1/queue/status?verbose=1", data=b"raw bytes",
+                                      headers={**AUTH, "Content-Type": "application/octet-stream"})  # fmt: skip
+            assert resp.status == 200, await resp.text()
+            unknown = await http.get("/upstream/nope/x", headers=AUTH)
+            assert unknown.status == 404 and "'nope' does not exist" in (await unknown.json())["error"]["message"]
+        assert [s.model for s in queue.submitted] == ["sd"]
+        sent = seen[0]
+        assert (sent["method"], sent["path"], sent["query"]) == (method, "/api/v1/queue/status", "verbose=1")
+        assert sent["body"] == (b"raw bytes" if method != "GET" else sent["body"])
+
+    asyncio.run(scenario())
+
+
+def test_llama_swaps_own_health_and_running_endpoints() -> None:
+    async def scenario() -> None:
+        async with bridged() as (http, _, queue):
+            assert await (await http.get("/health")).text() == "OK"
+            running = await http.get("/running", headers=AUTH)
+            assert await running.json() == {"running": [
+                {"model": "m", "state": "ready", "lane": "gpu-0"},
+                {"model": "sd", "state": "starting", "lane": "gpu-1"},
+            ]}  # fmt: skip
+            assert (await http.get("/running")).status == 401, "who runs what is for key holders"
+        assert queue.submitted == []
+
+    asyncio.run(scenario())
+
+
+def test_a_route_llama_swap_does_not_dispatch_is_a_404_naming_it() -> None:
+    with pytest.raises(CallError, match="unknown endpoint POST /v1/models/extra") as err:
+        read_call("/v1/models/extra", "application/json", b"{}", 100)
+    assert err.value.status == 404
+    with pytest.raises(CallError, match="unknown endpoint GET /sdapi/v1/txt2img"):
+        read_call("/sdapi/v1/txt2img", "", b"", 100, method="GET")
+    assert routes.route("GET", "/upstream/") is None, "an upstream path must name its model"
