@@ -38,6 +38,8 @@ COMMANDS = {
                 "run the admission webhook alone (priority caps, trusted tier and member)"),
     "webhook-config": ("gpulane.admission.main", "add_config_arguments", "run_config",
                        "print the webhook configurations to kubectl apply"),
+    "import-llama-swap": ("gpulane.importers.llama_swap", "add_arguments", "run",
+                          "print GpuModels for a llama-swap config.yaml (warnings on stderr)"),
     "admission-policies": ("gpulane.admission.cel", "add_arguments", "run",
                            "print the admission rules as the apiserver's own policies (CEL), to kubectl apply"),
 }  # fmt: skip

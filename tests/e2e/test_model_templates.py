@@ -5,7 +5,10 @@ gpulane refuse, refused when the GpuModel is applied."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,3 +107,18 @@ def test_a_template_that_sets_gpulanes_fields_is_refused_at_apply_and_a_bad_pod_
     status = wait_until(lambda: (s := world.status("waits")).get("reason") == "ModelNotAccepted" and s,
                         what="the job saying why it waits")  # fmt: skip
     assert "Bad_Volume" in status["message"] and status["phase"] == "Pending"
+
+
+def test_a_llama_swap_configurations_import_is_what_the_apiserver_accepts(world: World) -> None:
+    """`gpulane import-llama-swap` on a configuration using every key of llama-swap's format: its GpuModels
+    pass a server-side dry run (the CRD's schema and rules, admission), and nothing is created."""
+    config = Path(__file__).resolve().parents[1] / "unit" / "data" / "llama-swap-config.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpulane.cli", "import-llama-swap", str(config),
+         "--image", "/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda"],
+        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "MODELS_DIR": "/srv/models"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    applied = world.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=proc.stdout)
+    assert applied.stdout.count("(server dry run)") == 3, applied.stdout
+    assert "qwen-coder-7b" in applied.stdout

@@ -1,0 +1,354 @@
+"""``gpulane import-llama-swap CONFIG.yaml``: a llama-swap configuration as GpuModel manifests.
+
+One GpuModel per llama-swap model, on stdout as multi-document YAML; one warning line on stderr for each
+key that cannot be carried over, saying why. Macros are expanded as llama-swap expands them (global, then
+the model's own, each able to use those before it; ``${env.NAME}``; ``${PORT}`` and ``${MODEL_ID}``).
+A ``cmd`` becomes the serving container's command and args, with its program mapped to an image by
+``--image PROGRAM=IMAGE``; a ``docker run`` or ``podman run`` line gives its own image, volumes, env and
+port. The exit status is non-zero only when the file is not a llama-swap configuration (docs/migration.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from gpulane.api.resources import API_VERSION, GpuModelSpec
+
+DEFAULT_START_PORT = 5800  # llama-swap's startPort: ${PORT}; each GpuModel is a pod of its own
+MACRO = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
+NAME_CHARS = re.compile(r"[^a-z0-9.-]+")
+PARALLEL_FLAGS = ("--parallel", "-np")  # llama-server's slots: how many jobs it serves at once
+# Top-level keys that configure llama-swap itself, and what gpulane does instead.
+GLOBAL_KEYS = {
+    "logLevel": "the operator and the bridge log with --verbose",
+    "logTimeFormat": "logs are Kubernetes' (kubectl logs)",
+    "logToStdout": "logs are Kubernetes' (kubectl logs)",
+    "metricsMaxInMemory": "metrics are Prometheus' (/metrics)",
+    "captureBuffer": "no request captures",
+    "store": "no activity store: GpuJobs and their Events are the record",
+    "ui": "no web UI: kubectl get gj, gpulane queue",
+    "performance": "no performance page",
+    "sendLoadingState": "a queued stream gets SSE comments with its position instead",
+    "includeAliasesInList": "gpulane has no aliases yet",
+    "globalTTL": "a lane keeps its model while jobs need it and swaps only for a better-scoring job",
+    "unloadTimeout": "a backend pod gets terminationGracePeriodSeconds 5",
+    "apiKeys": "the bridge's keys file (docs/bridge.md) gives each key a member, a tier and a priority cap",
+    "groups": "one model per GPU lane at a time; several lanes serve side by side",
+    "hooks": "no preload: a lane loads a model when a job needs it",
+    "profiles": "no profiles",
+    "selectors": "no selectors",
+    "peers": "no peers",
+    "tailcat": "no Tailcat listener",
+    "upstream": "/upstream/<model>/<path> is always queued (ignorePaths is not carried over yet)",
+    "matrix": "one model per GPU lane at a time",
+}
+# A model's keys that have no GpuModel field, and why.
+MODEL_KEYS = {
+    "aliases": "gpulane has no aliases yet: call the model by its GpuModel name",
+    "useModelName": "the bridge sends the model's GpuModel name (useModelName is not carried over yet)",
+    "filters": "the bridge forwards bodies as they are (no stripParams or setParams)",
+    "cmdStop": "a backend pod is stopped by deleting it",
+    "unlisted": "every GpuModel is listed in /v1/models",
+    "name": "GpuModels have no display name",
+    "description": "GpuModels have no description",
+    "metadata": "GpuModels have no metadata of llama-swap's kind (labels and annotations are Kubernetes')",
+    "compat": "no websocket special case",
+    "sendLoadingState": "a queued stream gets SSE comments with its position instead",
+    "unloadTimeout": "a backend pod gets terminationGracePeriodSeconds 5",
+}
+
+
+# docker run options that take a value (as the next word, or after "=").
+WITH_VALUE = frozenset(
+    [
+        "-v",
+        "--volume",
+        "-e",
+        "--env",
+        "-p",
+        "--publish",
+        "--name",
+        "--gpus",
+        "--shm-size",
+        "--network",
+        "--net",
+        "--ipc",
+        "--runtime",
+        "--device",
+        "-w",
+        "--workdir",
+        "--entrypoint",
+        "--user",
+        "-u",
+        "--env-file",
+        "--restart",
+        "--pull",
+        "--platform",
+        "--cpus",
+        "-m",
+        "--memory",
+    ]
+)
+
+
+class NotLlamaSwap(ValueError):
+    """The file is not a llama-swap configuration."""
+
+
+@dataclass
+class Import:
+    warnings: list[str] = field(default_factory=list)
+
+    def warn(self, where: str, message: str) -> None:
+        self.warnings.append(f"{where}: {message}")
+
+
+def expand(text: str, macros: Mapping[str, str], environ: Mapping[str, str], where: str) -> str:
+    """llama-swap's substitution: ``${env.NAME}`` first, then the macros (which may use earlier ones)."""
+
+    def env(match: re.Match[str]) -> str:
+        name = match[1]
+        if not name.startswith("env."):
+            return match[0]
+        if name[4:] not in environ:
+            raise NotLlamaSwap(f"{where}: ${{{name}}} is not set in the environment (llama-swap refuses it too)")
+        return environ[name[4:]]
+
+    text = MACRO.sub(env, text)
+    for _ in range(16):  # macros of macros, as far as they go
+        expanded = MACRO.sub(lambda m: macros.get(m[1], m[0]), text)
+        if expanded == text:
+            break
+        text = expanded
+    return text
+
+
+def macro_table(raw: Any, where: str, inherited: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    table = dict(inherited)
+    if raw is None:
+        return table
+    if not isinstance(raw, Mapping):
+        raise NotLlamaSwap(f"{where}: macros must be a mapping")
+    for name, value in raw.items():
+        if name in ("PORT", "MODEL_ID", "PID"):
+            raise NotLlamaSwap(f"{where}: {name} is a reserved macro name")
+        table[str(name)] = expand(str(value).strip() if isinstance(value, str) else _scalar(value), table, environ,
+                                  f"{where}.{name}")  # fmt: skip
+    return table
+
+
+def _scalar(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def command_words(cmd: str) -> list[str]:
+    """A ``cmd`` as llama-swap reads it: comment lines of a block dropped, then split like a shell does."""
+    lines = [line.split(" #", 1)[0] for line in cmd.splitlines() if not line.strip().startswith("#")]
+    return shlex.split(" ".join(lines))
+
+
+def model_name(model_id: str) -> str:
+    """A GpuModel name (a DNS subdomain) for a llama-swap model ID."""
+    name = NAME_CHARS.sub("-", model_id.lower()).strip("-.")
+    return name[:253] or "model"
+
+
+def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A ``docker run`` / ``podman run`` line: the serving container, and its pod's volumes."""
+    container: dict[str, Any] = {"name": "backend", "env": [], "volumeMounts": []}
+    volumes: list[dict[str, Any]] = []
+    i = 2
+    with_value = WITH_VALUE
+    while i < len(words) and words[i].startswith("-"):
+        flag, _, inline = words[i].partition("=")
+        value = inline or (words[i + 1] if flag in with_value and i + 1 < len(words) else "")
+        i += 1 if inline or flag not in with_value else 2
+        if flag in ("-v", "--volume"):
+            source, _, rest = value.partition(":")
+            target, _, mode = rest.partition(":")
+            if not source.startswith("/"):
+                out.warn(where, f"volume {value!r}: only host paths carry over (a named volume is Docker's)")
+                continue
+            name = f"vol-{len(volumes)}"
+            volumes.append({"name": name, "hostPath": {"path": source}})
+            mount: dict[str, Any] = {"name": name, "mountPath": target}
+            if "ro" in mode.split(","):
+                mount["readOnly"] = True
+            container["volumeMounts"].append(mount)
+        elif flag in ("-e", "--env"):
+            key, eq, val = value.partition("=")
+            if eq:
+                container["env"].append({"name": key, "value": val})
+            else:
+                out.warn(where, f"env {key!r} without a value (taken from the host's environment by Docker)")
+        elif flag in ("-p", "--publish"):
+            container["_port"] = int(value.rsplit(":", 1)[-1].split("/")[0])
+        elif flag == "--shm-size":
+            size = value.upper().rstrip("B") + "i" if value[-1:].isalpha() else value  # Docker's 8g is 8Gi
+            volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}})
+            container["volumeMounts"].append({"name": "shm", "mountPath": "/dev/shm"})
+        elif flag in ("--gpus", "--runtime", "--device"):
+            out.warn(where, f"{flag} {value}: the GPU is the lane's (GpuLane resource and count; spec.template's "
+                     "runtimeClassName, e.g. nvidia)")  # fmt: skip
+        elif flag in ("--entrypoint",):
+            container["command"] = [value]
+        elif flag in ("-w", "--workdir"):
+            container["workingDir"] = value
+        elif flag not in ("--rm", "-d", "--detach", "-i", "-t", "-it", "--init", "--name"):
+            out.warn(where, f"docker run option {flag} is not carried over")
+    if i >= len(words):
+        raise NotLlamaSwap(f"{where}: the {words[0]} run line names no image")
+    container["image"] = words[i]
+    if words[i + 1 :]:
+        container["args"] = words[i + 1 :]
+    return container, volumes
+
+
+def model_manifest(
+    model_id: str, raw: Mapping[str, Any], macros: Mapping[str, str], images: Mapping[str, str],
+    environ: Mapping[str, str], start_port: int, health_timeout: int | None, out: Import,
+) -> dict[str, Any]:  # fmt: skip
+    where = f"models.{model_id}"
+    table = macro_table(raw.get("macros"), f"{where}.macros", macros, environ)
+    table.update(PORT=str(start_port), MODEL_ID=model_id)
+    cmd = raw.get("cmd")
+    if not isinstance(cmd, str) or not cmd.strip():
+        raise NotLlamaSwap(f"{where}: cmd is required")
+    words = command_words(expand(cmd, table, environ, f"{where}.cmd"))
+    if not words:
+        raise NotLlamaSwap(f"{where}: cmd is empty")
+    spec: dict[str, Any] = {}
+    template_spec: dict[str, Any] = {}
+    port = start_port
+    if Path(words[0]).name in ("docker", "podman") and len(words) > 1 and words[1] == "run":
+        container, volumes = from_container_run(words, f"{where}.cmd", out)
+        port = container.pop("_port", port)
+        container = {k: v for k, v in container.items() if v}
+        template_spec = {"containers": [container], **({"volumes": volumes} if volumes else {})}
+    else:
+        program = words[0]
+        image = images.get(program) or images.get(Path(program).name)
+        if image is None:
+            image = f"set-me/{Path(program).name}"
+            out.warn(f"{where}.cmd", f"no image for {program}: give --image {program}=IMAGE (written as {image})")
+        spec.update(image=image, command=[program], args=words[1:])
+    proxy = raw.get("proxy")
+    if proxy is not None:
+        url = urlsplit(expand(str(proxy), table, environ, f"{where}.proxy"))
+        if template_spec and url.port != port:  # docker's -p HOST:CONTAINER: the pod is called on CONTAINER
+            out.warn(f"{where}.proxy", f"port {url.port} is the host's; the pod is called on its container port {port}")
+        elif url.port is None:
+            out.warn(f"{where}.proxy", f"{proxy!r} names no port; {port} assumed")
+        else:
+            port = url.port
+        if url.path not in ("", "/"):
+            out.warn(f"{where}.proxy", f"the path {url.path!r} is not carried over: the bridge calls the pod's root")
+    spec["port"] = port
+    check = raw.get("checkEndpoint")
+    if check == "none":
+        out.warn(f"{where}.checkEndpoint", "none: gpulane needs a readiness path; /health is assumed")
+    elif check is not None:
+        spec["readinessPath"] = str(check) if str(check).startswith("/") else f"/{check}"
+    env = raw.get("env") or []
+    for entry in env:
+        name, eq, value = str(entry).partition("=")
+        if not eq:
+            out.warn(f"{where}.env", f"{entry!r} is not NAME=value")
+            continue
+        spec.setdefault("env", []).append({"name": name, "value": expand(value, table, environ, f"{where}.env")})
+    slots = _parallel(words)
+    if slots is not None:
+        spec["maxConcurrency"] = slots
+    if health_timeout is not None:
+        spec["loadTimeoutSeconds"] = max(15, health_timeout)
+    if "ttl" in raw:
+        out.warn(f"{where}.ttl", "a lane keeps its model while jobs need it and swaps only for a better-scoring job")
+    if "concurrencyLimit" in raw:
+        out.warn(f"{where}.concurrencyLimit", "gpulane queues every call (the bridge's --max-queued caps the queue); "
+                 "maxConcurrency is the server's parallel slots (llama-server --parallel)")  # fmt: skip
+    for key, why in MODEL_KEYS.items():
+        if key in raw:
+            out.warn(f"{where}.{key}", why)
+    known = {"cmd", "proxy", "checkEndpoint", "env", "ttl", "concurrencyLimit", "macros", *MODEL_KEYS}
+    for key in raw:
+        if key not in known:
+            out.warn(f"{where}.{key}", "not a key of llama-swap's model configuration; ignored")
+    if template_spec:
+        spec["template"] = {"spec": template_spec}
+    name = model_name(model_id)
+    if name != model_id:
+        out.warn(where, f"named {name!r}: a GpuModel's name is a Kubernetes name (call the model by it)")
+    GpuModelSpec.model_validate(spec)  # what the CRD would refuse, refused here first
+    return {"apiVersion": API_VERSION, "kind": "GpuModel", "metadata": {"name": name}, "spec": spec}
+
+
+def _parallel(words: list[str]) -> int | None:
+    for i, word in enumerate(words):
+        flag, _, inline = word.partition("=")
+        if flag in PARALLEL_FLAGS:
+            value = inline or (words[i + 1] if i + 1 < len(words) else "")
+            if value.isdigit() and int(value) >= 1:
+                return min(int(value), 1024)
+    return None
+
+
+def convert(
+    config: Any, images: Mapping[str, str], environ: Mapping[str, str] = os.environ
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """GpuModel manifests for a parsed llama-swap configuration, and the warnings."""
+    if not isinstance(config, Mapping) or not isinstance(config.get("models"), Mapping) or not config["models"]:
+        raise NotLlamaSwap("not a llama-swap configuration: it has no 'models' mapping")
+    out = Import()
+    macros = macro_table(config.get("macros"), "macros", {}, environ)
+    start_port = int(config.get("startPort", DEFAULT_START_PORT))
+    health = config.get("healthCheckTimeout")
+    for key, why in GLOBAL_KEYS.items():
+        if key in config:
+            out.warn(key, why)
+    for key in config:
+        if key not in GLOBAL_KEYS and key not in ("models", "macros", "startPort", "healthCheckTimeout"):
+            out.warn(str(key), "not a key of llama-swap's configuration; ignored")
+    manifests = []
+    for model_id, raw in config["models"].items():
+        if not isinstance(raw, Mapping):
+            raise NotLlamaSwap(f"models.{model_id}: a model is a mapping")
+        manifests.append(model_manifest(str(model_id), raw, macros, images, environ, start_port,
+                                        int(health) if health is not None else None, out))  # fmt: skip
+    return manifests, out.warnings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", type=Path, help="llama-swap's config.yaml")
+    parser.add_argument("--image", action="append", default=[], metavar="PROGRAM=IMAGE",
+                        help="the image that runs PROGRAM (a cmd's first word, its path or its name)")  # fmt: skip
+
+
+def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> int:
+    images = {}
+    for item in args.image:
+        program, eq, image = item.partition("=")
+        if not eq or not program or not image:
+            warn(f"error: --image {item!r} is not PROGRAM=IMAGE")
+            return 2
+        images[program] = image
+    try:
+        config = yaml.safe_load(args.config.read_text())
+        manifests, warnings = convert(config, images)
+    except (OSError, yaml.YAMLError, NotLlamaSwap, ValueError) as err:
+        warn(f"error: {args.config}: {err}")
+        return 1
+    for line in warnings:
+        warn(f"warning: {line}")
+    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
+    return 0
