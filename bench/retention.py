@@ -165,10 +165,7 @@ def main() -> None:
             sides.append(result)
             # --wait=false, then wait here: kubectl's own wait over 10,000 deletions outlived them all (2026-12-03).
             bench.cluster.kubectl("delete", "gpujobs", "--all", "-n", bench.namespace, "--wait=false", timeout=600)
-            custom = client.CustomObjectsApi(bench.api)
-            wait_until(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, bench.namespace, "gpujobs",
-                                                                        limit=1)["items"],
-                       timeout=1800, what="the side's jobs deleted")  # fmt: skip
+            wait_until(lambda: not sample(bench)["listed"], timeout=1800, what="the side's jobs deleted")
         print(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(), "calls": args.calls}))
 
 
