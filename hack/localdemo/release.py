@@ -127,6 +127,11 @@ def remove(tools: Tools) -> None:
     """Uninstall the release and its namespace (the suite does this before it starts: the demo's operator
     would act on the tests' lanes)."""
     tools.run("helm", "uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s", "--ignore-not-found")
+    # The release's operator is gone, and with it whoever would take its finalizer off the demo's jobs: a
+    # demo stopped mid-play (Ctrl-C, a killed test) left its namespace Terminating for good without this.
+    for job in tools.run("kubectl", "get", "gpujobs", "-n", NAMESPACE, "-o", "name", "--ignore-not-found").split():
+        tools.run("kubectl", "patch", job, "-n", NAMESPACE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                  check=False)  # fmt: skip
     tools.run("kubectl", "delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
 
 

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from localdemo import release
 from localdemo.plan import FREE, STUDIO, Plan
 from localdemo.play import Player
 from localdemo.summary import summarize
 from localdemo.view import LiveView
 
+from gpulane.api.contract import FINALIZER
 from gpulane.api.resources import GpuPolicySpec
 from gpulane.api.times import parse_time
 
@@ -105,3 +107,17 @@ def test_the_demo_plays_a_film_against_interactive_calls_on_gpu_0(
     finally:
         release.remove(tools)
         cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
+
+
+def test_removing_a_demo_stopped_mid_play_leaves_nothing_behind(cluster: Cluster, no_operator: None) -> None:
+    """A demo stopped mid-play (Ctrl-C, a killed test run) leaves jobs with the operator's finalizer, and its
+    operator goes with the release: `remove` takes the finalizer off, so the namespace does not hang."""
+    tools = release.Tools(cluster.info.bindir, cluster.kubeconfig)
+    cluster.kubectl("create", "namespace", release.NAMESPACE)
+    job = {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuJob",
+           "metadata": {"name": "shot-01", "namespace": release.NAMESPACE, "finalizers": [FINALIZER]},
+           "spec": {"model": "h3-video", "priority": "batch"}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    release.remove(tools)
+    left = cluster.kubectl("get", "namespace", release.NAMESPACE, "--ignore-not-found", "-o", "name").stdout
+    assert left == "", left
