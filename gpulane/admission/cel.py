@@ -178,8 +178,8 @@ REQUEST_VARIABLES: list[tuple[str, str]] = [
 ]
 
 
-def _variables(names: Sequence[str] | None = None) -> list[dict[str, str]]:
-    return [{"name": n, "expression": e} for n, e in VARIABLES if names is None or n in names]
+def _variables(pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"name": n, "expression": e} for n, e in pairs]
 
 
 def _maybe(field: str, value: str, condition: str) -> str:
@@ -217,7 +217,7 @@ def job_defaults() -> dict[str, Any]:
         "reinvocationPolicy": "Never",
         "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPolicy"},
         "matchConstraints": _match(["CREATE"], "gpujobs"),
-        "variables": _variables(),
+        "variables": _variables(VARIABLES),
         "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": expression}}],
     }
 
@@ -254,7 +254,7 @@ def job_rules() -> dict[str, Any]:
         "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPolicy"},
         "matchConstraints": _match(["CREATE", "UPDATE"], "gpujobs"),
         "matchConditions": [SPEC_CHANGED],
-        "variables": _variables() + [{"name": n, "expression": e} for n, e in REQUEST_VARIABLES],
+        "variables": _variables(VARIABLES + REQUEST_VARIABLES),
         "validations": [
             _rule(
                 "variables.valid",

@@ -107,16 +107,22 @@ class Bridge:
 
     # -- plain endpoints --------------------------------------------------------------------------
 
+    def _unknown_key(self, request: web.Request) -> web.Response | None:
+        """The refusal of a read-only endpoint to a caller without a valid key, or None."""
+        try:
+            self.keys.identify(request.headers.get("Authorization"), request.headers)
+        except Denied as err:
+            return self._error(CallError(err.status, str(err), kind="authentication_error"))
+        return None
+
     async def health(self, _: web.Request) -> web.Response:
         """llama-swap's liveness endpoint, which its clients and dashboards poll."""
         return web.Response(text="OK")
 
     async def running(self, request: web.Request) -> web.Response:
         """llama-swap's ``/running``: the models loaded now, one entry per GPU lane (for a valid key)."""
-        try:
-            self.keys.identify(request.headers.get("Authorization"), request.headers)
-        except Denied as err:
-            return self._error(CallError(err.status, str(err), kind="authentication_error"))
+        if (refused := self._unknown_key(request)) is not None:
+            return refused
         lanes = await self.queue.lanes()
         running = [
             {"model": lane.model, "state": "ready" if lane.ready else "starting", "lane": lane.name}
@@ -148,10 +154,8 @@ class Bridge:
         return self._in_flight
 
     async def list_models(self, request: web.Request) -> web.Response:
-        try:
-            self.keys.identify(request.headers.get("Authorization"), request.headers)
-        except Denied as err:
-            return self._error(CallError(err.status, str(err), kind="authentication_error"))
+        if (refused := self._unknown_key(request)) is not None:
+            return refused
         created = int(time.time())
         data = [
             {"id": m, "object": "model", "created": created, "owned_by": "gpulane"}

@@ -9,7 +9,8 @@ from typing import Any
 
 from gpulane.api.backend_pods import HTTP_PORT, pod_name
 from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL
-from gpulane.api.resources import API_VERSION, SERVING_CONTAINER, GpuLaneSpec, GpuModelSpec
+from gpulane.api.pod_templates import SERVING_CONTAINER
+from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
 
 # Model servers hold no state worth a long shutdown; a short grace keeps swaps quick.
 GRACE_SECONDS = 5

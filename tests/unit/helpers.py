@@ -22,6 +22,14 @@ async def until(check: Callable[[], object], what: str, timeout: float = 10) -> 
         await asyncio.sleep(0.001)
 
 
+def until_now(check: Callable[[], object], what: str, timeout: float = 10) -> None:
+    """``until`` for code that runs in threads: poll ``check()`` from this thread until it is true."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
 class Clock:
     def __init__(self, now: float = 0.0) -> None:
         self.now = now

@@ -8,7 +8,7 @@ import io
 import itertools
 import re
 import sys
-import time
+import threading
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +21,8 @@ if str(HACK) not in sys.path:
 
 from localdemo import progress  # noqa: E402  (lives in hack/, which is not a package)
 from localdemo.progress import Progress, StepFailed, elapsed  # noqa: E402
+
+from .helpers import until_now  # noqa: E402
 
 
 class FakeTTY(io.StringIO):
@@ -39,11 +41,8 @@ def ticks(*times: float) -> Callable[[], float]:
     return lambda: left.pop(0)
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+def spinners() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive() and t is not threading.current_thread()}
 
 
 @pytest.mark.parametrize(
@@ -138,8 +137,9 @@ def test_on_a_tty_the_spinner_redraws_the_steps_name_and_elapsed_time_in_place(
     out = FakeTTY()
     steps = Progress(tmp_path, out)  # 0 s
     assert steps.tty
+    before = spinners()
     with steps.step("tools (etcd)"):  # begins at 1 s
-        wait_for(lambda: out.getvalue().count("\x1b[K") >= 6, "six frames of the spinner")
+        until_now(lambda: out.getvalue().count("\x1b[K") >= 6, "six frames of the spinner")
     text = out.getvalue()
     frames = re.findall(r"\r(.) tools \(etcd\)  (\S+)\x1b\[K", text)
     assert len(frames) >= 6
@@ -150,8 +150,7 @@ def test_on_a_tty_the_spinner_redraws_the_steps_name_and_elapsed_time_in_place(
     assert text == "".join(f"\r{f} tools (etcd)  {s}\x1b[K" for f, s in frames) + (
         f"\r\x1b[Kdone   tools (etcd) in {len(frames) + 1}.0s\n"
     )
-    time.sleep(0.05)
-    assert out.getvalue() == text, "the spinner went on after its step ended"
+    assert spinners() == before, "the spinner's thread outlived its step"
 
 
 def test_on_a_tty_a_failing_step_stops_the_spinner_and_prints_its_failure_on_a_clean_line(
@@ -160,16 +159,16 @@ def test_on_a_tty_a_failing_step_stops_the_spinner_and_prints_its_failure_on_a_c
     monkeypatch.setattr(progress, "FRAME_SECONDS", 0.005)
     out = FakeTTY()
     steps = Progress(tmp_path, out)
+    before = spinners()
     with (
         pytest.raises(StepFailed, match=r"^chart \(operator\) failed: helm: timed out\n"),
         steps.step("chart (operator)"),
     ):
-        wait_for(lambda: "\r| chart (operator)  " in out.getvalue(), "the spinner's first frame")
+        until_now(lambda: "\r| chart (operator)  " in out.getvalue(), "the spinner's first frame")
         raise TimeoutError("helm: timed out")
     text = out.getvalue()
     assert re.search(r"\x1b\[K\r\x1b\[KFAILED chart \(operator\) after \d+\.\ds: helm: timed out\n$", text), text
-    time.sleep(0.05)
-    assert out.getvalue() == text, "the spinner went on after its step failed"
+    assert spinners() == before, "the spinner's thread outlived its failed step"
 
 
 def test_ctrl_c_in_a_step_is_not_reported_as_the_step_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

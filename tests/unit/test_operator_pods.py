@@ -7,8 +7,8 @@ import pytest
 
 from gpulane.api.backend_pods import PodState, pod_name, pod_state
 from gpulane.api.contract import BACKEND_SELECTOR, LANE_LABEL, MODEL_LABEL
+from gpulane.api.pod_templates import SERVING_CONTAINER as CONTAINER
 from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
-from gpulane.api.resources import SERVING_CONTAINER as CONTAINER
 from gpulane.operator.pods import GRACE_SECONDS, backend_pod, label_value
 
 # RFC 1123 label / DNS-1123 subdomain, and a label value (https://kubernetes.io/docs/concepts/overview/
