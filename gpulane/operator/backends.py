@@ -16,6 +16,7 @@ from gpulane.kube.client import Kube
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import lane_node_problem, node_state
 from gpulane.operator.observed import Observed
+from gpulane.operator.resync import Sightings
 from gpulane.operator.status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class Host(Protocol):
     observed: Observed
     lanes: dict[str, LaneRunner]
     status: StatusWriter
+    sightings: Sightings
 
     def apply(self, event: Event, woke_at: float | None = None) -> None: ...
     def backend_failed(self, lane: str, reason: str, message: str) -> None: ...
@@ -38,6 +40,7 @@ def pod_event(host: Host, kind: str | None, body: Body) -> None:
         return  # another operator's backend pods (another install, another backend namespace)
     state = pod_state(body)
     if state is not None:
+        host.sightings.note("pods", kind, body)
         pod_changed(host, state, gone=kind == "DELETED")
 
 

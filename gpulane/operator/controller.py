@@ -34,7 +34,7 @@ from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
-from gpulane.operator import backends, models, notices, policies, rebuild
+from gpulane.operator import backends, models, notices, policies, rebuild, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
@@ -69,8 +69,10 @@ class Controller:
         self.observed = Observed()
         self.history = DispatchHistory()
         self.expiries = Expiries()
+        self.sightings = resync.Sightings()
         self.lanes: dict[str, LaneRunner] = {}
-        self.ready = False
+        self.ready = False  # the state is rebuilt: lanes may take jobs
+        self.synced = False  # and checked against a list taken after the watches listed (resync.py)
         self.metrics = Metrics(lambda: queue_snapshot(self.dispatcher, self.clock()))
         kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
         self.writes = JobWrites(kube, clock, self.spawn)
@@ -91,7 +93,14 @@ class Controller:
             log.error("background write failed", exc_info=task.exception())
 
     def start(self) -> None:
-        self._loops = [asyncio.create_task(self._tick()), asyncio.create_task(self.status.run())]
+        sync = resync.run(self, self.settings.resync_seconds, self._found_deleted, self._synced)
+        self._loops = [asyncio.create_task(loop) for loop in (self._tick(), self.status.run(), sync)]
+
+    def _found_deleted(self, kind: str) -> None:
+        self.metrics.resync_deletions.labels(kind).inc()
+
+    def _synced(self) -> None:
+        self.synced = True
 
     async def stop(self) -> None:
         for task in [*self._loops, *self._tasks]:
@@ -322,6 +331,7 @@ class Controller:
         backends.pod_event(self, kind, body)
 
     def node_event(self, kind: str | None, body: Body) -> None:
+        self.sightings.note("nodes", kind, body)
         backends.node_event(self, kind, body)
 
     def lease_event(self, kind: str | None, body: Body) -> None:
@@ -330,6 +340,7 @@ class Controller:
     # -- GpuLanes, GpuModels, GpuPolicy ---------------------------------------------------------
 
     def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None:
+        self.sightings.note("gpulanes", kind, body)
         meta = body["metadata"]
         name = meta["name"]
         runner = self.lanes.get(name)
@@ -365,9 +376,11 @@ class Controller:
         self.status.lane_dirty(name)
 
     def model_event(self, kind: str | None, body: Body) -> None:
+        self.sightings.note("gpumodels", kind, body)
         models.model_event(self, kind, body)
 
     def policy_event(self, kind: str | None, body: Body) -> None:
+        self.sightings.note("gpupolicies", kind, body)
         policies.policy_event(self, kind, body)
 
     def use_policy(self, policy: Policy) -> None:

@@ -52,8 +52,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 
 def _ready(ctl: Controller, memo: kopf.Memo) -> bool:
-    """The leader once its state is rebuilt; a standby always (it stands by, as it should)."""
-    return ctl.ready or (memo.election is not None and not memo.get("leading", False))
+    """The leader once its state is rebuilt and checked by a resync; a standby always (it stands by, as it
+    should)."""
+    return (ctl.ready and ctl.synced) or (memo.election is not None and not memo.get("leading", False))
 
 
 async def _elected(ctl: Controller, memo: kopf.Memo) -> asyncio.Task[None]:

@@ -41,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.status_writes_per_second,
         help="upper bound on queue-status writes (default %(default)s)",
     )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=defaults.resync_seconds,
+        help="between lists that find objects deleted without a watch event (default %(default)s)",
+    )
     election = parser.add_argument_group("leader election (several replicas, one writing)")
     election.add_argument(
         "--leader-elect",
@@ -73,8 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.exact_positions < 1 or args.status_writes_per_second <= 0:
-        raise SystemExit("error: --exact-positions must be >= 1 and --status-writes-per-second > 0")
+    if args.exact_positions < 1 or args.status_writes_per_second <= 0 or args.resync_seconds <= 0:
+        raise SystemExit("error: --exact-positions must be >= 1, --status-writes-per-second and --resync-seconds > 0")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -88,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
         importlib.import_module("gpulane.admission.webhook")  # and the admission handlers
 
     settings = dataclasses.asdict(Settings())
-    settings.update(exact_positions=args.exact_positions, status_writes_per_second=args.status_writes_per_second)
+    settings.update(
+        exact_positions=args.exact_positions,
+        status_writes_per_second=args.status_writes_per_second,
+        resync_seconds=args.resync_seconds,
+    )
     settings["namespace"] = args.namespace
     memo = kopf.Memo(
         election=_election(args),

@@ -84,6 +84,12 @@ class Metrics:
         self.jobs_expired = Counter(
             "gpulane_jobs_expired_total", "Finished jobs deleted after their ttlSecondsAfterFinished", registry=r
         )
+        self.resync_deletions = Counter(
+            "gpulane_resync_deletions_total",
+            "Objects found deleted by a resync list, with no watch event for it, per kind",
+            ["kind"],
+            registry=r,
+        )
         self.job_failures = Counter(
             "gpulane_job_failures_total", "Jobs failed by gpulane, per reason", ["reason"], registry=r
         )

@@ -12,7 +12,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gpulane.api.backend_pods import pod_state
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
@@ -21,7 +20,6 @@ from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
-from gpulane.operator.nodes import node_state
 from gpulane.operator.observed import Observed
 from gpulane.operator.translate import Refusal, job_from_body, job_key
 
@@ -48,6 +46,8 @@ class Host(Protocol):
     def policy_event(self, kind: str | None, body: Body) -> None: ...
     def model_event(self, kind: str | None, body: Body) -> None: ...
     def lease_event(self, kind: str | None, body: Body) -> None: ...
+    def pod_event(self, kind: str | None, body: Body) -> None: ...
+    def node_event(self, kind: str | None, body: Body) -> None: ...
     def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None: ...
     def job_event(self, kind: str | None, body: Body) -> None: ...
 
@@ -108,12 +108,9 @@ def replay(ctl: Host, world: World) -> None:
     for body in world.leases:
         ctl.lease_event(None, body)
     for body in world.pods:
-        state = pod_state(body)
-        if state is not None:
-            observed.pods[state.lane] = state
+        ctl.pod_event(None, body)  # before the lanes: it only records the pod
     for body in world.nodes:
-        node = node_state(body)
-        observed.nodes[node.name] = node
+        ctl.node_event(None, body)  # before the lanes: it only records the node
     for body in world.lanes:
         ctl.lane_event(None, body, online=False)
     jobs = sorted(world.jobs, key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)))

@@ -12,3 +12,4 @@ class Settings:
     status_writes_per_second: float = 200.0
     status_interval: float = 1.0
     tick_seconds: float = 1.0
+    resync_seconds: float = 300.0  # between lists that find deletions no watch reported (resync.py)
