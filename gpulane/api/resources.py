@@ -7,7 +7,7 @@ a GpuModel exists) are checked by the operator and reported on the job's status.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictInt, model_validator
 from pydantic.config import JsonDict
@@ -184,6 +184,10 @@ class Resources(CamelModel):
     limits: dict[str, int | str] | None = None
 
 
+# A name a call may use for a GpuModel: any model name a client sends, bounded like an object name.
+ModelAlias = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^\S(.*\S)?$")]
+
+
 class GpuModelSpec(CamelModel):
     model_config = CamelModel.model_config | {
         "json_schema_extra": {"x-kubernetes-validations": [{"rule": IMAGE_RULE, "message": IMAGE_MESSAGE}]}
@@ -207,6 +211,11 @@ class GpuModelSpec(CamelModel):
     # a security context... image, command, args, env and port above are a shorthand for its serving
     # container, and win over it (docs/models.md).
     template: PodTemplate | None = None
+    # What the bridge does with the calls (docs/models.md#what-the-bridge-sends): other names a call may
+    # use, the name the server expects in the body, and the caller's priority in the body's "priority".
+    aliases: list[ModelAlias] | None = Field(default=None, max_length=32)
+    use_model_name: str | None = Field(default=None, min_length=1, max_length=253)
+    priority_passthrough: Literal["LowerFirst", "HigherFirst"] | None = None
 
     @model_validator(mode="after")
     def _an_image(self) -> GpuModelSpec:

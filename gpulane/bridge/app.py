@@ -13,18 +13,20 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpulane.bridge import routes
 from gpulane.bridge.calls import Call, CallError, max_run_seconds, queue_timeout, read_call
+from gpulane.bridge.catalog import ServedModel, outgoing
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
 from gpulane.kube.client import why
@@ -48,6 +50,16 @@ class Outcome:
     written: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """What the model server gets: the job's model, and the call's body and path as ``catalog.outgoing``
+    made them."""
+
+    model: str
+    body: bytes
+    target: str
+
+
 @dataclass
 class BridgeSettings:
     max_body_bytes: int = 32 * 1024 * 1024
@@ -55,6 +67,8 @@ class BridgeSettings:
     max_queued_per_member: int = 100
     max_run_seconds: int = 3600
     endpoints: dict[str, str] = field(default_factory=dict)  # model -> backend URL, overriding the pod's
+    # /upstream paths that skip the queue while their model is resident (llama-swap's upstream.ignorePaths)
+    upstream_ignore: tuple[re.Pattern[str], ...] = ()
 
 
 class Metrics:
@@ -156,12 +170,8 @@ class Bridge:
     async def list_models(self, request: web.Request) -> web.Response:
         if (refused := self._unknown_key(request)) is not None:
             return refused
-        created = int(time.time())
-        data = [
-            {"id": m, "object": "model", "created": created, "owned_by": "gpulane"}
-            for m in sorted(await self.queue.models())
-        ]
-        return web.json_response({"object": "list", "data": data})
+        catalog = await self.queue.models()
+        return web.json_response({"object": "list", "data": catalog.listing(int(time.time()))})
 
     # -- calls ----------------------------------------------------------------------------------
 
@@ -170,7 +180,7 @@ class Bridge:
         headers = {"Retry-After": str(err.retry_after)} if err.retry_after is not None else None
         return web.json_response(err.body(), status=err.status, headers=headers)
 
-    async def _judge(self, request: web.Request) -> tuple[Call, Identity, int | None, int]:
+    async def _judge(self, request: web.Request) -> tuple[Call, ServedModel, Identity, int | None, int]:
         """Everything that can refuse the call, before anything is created or sent. The key is checked
         first, from the headers alone: an unknown caller never makes the bridge read or parse a body."""
         try:
@@ -186,14 +196,13 @@ class Bridge:
             raise CallError(413, f"request body is over the limit of {self.settings.max_body_bytes} bytes") from None
         call = read_call(request.path, request.headers.get("Content-Type", ""), body, self.settings.max_body_bytes,
                          request.method, request.query_string)  # fmt: skip
-        if call.model not in await self.queue.models():
-            raise CallError(404, f"the model {call.model!r} does not exist", code="model_not_found", param="model")
+        model = (await self.queue.models()).resolve(call.model)
         if sum(self._queued.values()) >= self.settings.max_queued:
             raise CallError(429, "the bridge's queue is full; retry shortly", kind="rate_limit_error", retry_after=1)
         if self._queued[identity.member] >= self.settings.max_queued_per_member:
             raise CallError(429, f"member {identity.member!r} has {self.settings.max_queued_per_member} calls waiting",
                             kind="rate_limit_error", retry_after=1)  # fmt: skip
-        return call, identity, timeout, run_limit
+        return call, model, identity, timeout, run_limit
 
     async def call(self, request: web.Request) -> web.StreamResponse:
         if self.draining:  # a call that reached this replica before the Service noticed: another one takes it
@@ -207,11 +216,13 @@ class Bridge:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            call, identity, timeout, run_limit = await self._judge(request)
+            call, model, identity, timeout, run_limit = await self._judge(request)
         except CallError as err:
             return self._error(err)
+        if self._skips_queue(call) and (base := await self.queue.resident(model.name)) is not None:
+            return await self._pass(request, call, self.settings.endpoints.get(model.name) or base)
         capped = identity.requested > identity.priority
-        submission = Submission(call.model, identity.priority, identity.member, identity.tier,
+        submission = Submission(model.name, identity.priority, identity.member, identity.tier,
                                 run_limit, identity.key, timeout,
                                 identity.requested if capped else None)  # fmt: skip
         headers = {"X-Gpulane-Priority": str(identity.priority)}
@@ -252,7 +263,9 @@ class Bridge:
                 # find a shorter queue.
                 code = "queue_timeout" if state and state.reason == "QueueTimeout" else None
                 return await self._fail(response, CallError(503, why, kind="server_error", code=code, retry_after=1))
-            return await self._proxy(request, call, name, state, headers, response, outcome)
+            body, target = outgoing(call, model, identity.priority)
+            return await self._proxy(request, call, Outgoing(model.name, body, target), name, state, headers,
+                                     response, outcome)  # fmt: skip
         except asyncio.CancelledError:
             # The client went away: its job leaves the queue, or its lane (freeing the GPU at once),
             # unless it left only after the whole answer.
@@ -265,6 +278,27 @@ class Bridge:
             if queued:
                 self._queued[identity.member] -= 1
                 self.metrics.queued.dec()
+
+    def _skips_queue(self, call: Call) -> bool:
+        path = call.target.partition("?")[0]
+        return call.source == "path" and any(p.search(path) for p in self.settings.upstream_ignore)
+
+    async def _pass(self, request: web.Request, call: Call, base: str) -> web.StreamResponse:
+        """An /upstream call that skips the queue: sent to the resident model's server as it is, no job."""
+        assert self._session is not None
+        try:
+            async with self._session.request(call.method, base.rstrip("/") + call.target, data=call.body or None,
+                                             headers=_sent_headers(call)) as upstream:  # fmt: skip
+                response = web.StreamResponse(status=upstream.status, headers={**_kept(upstream), **NO_BUFFERING})
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_any():
+                    await response.write(chunk)
+        except (TimeoutError, OSError, ClientError) as err:
+            return self._error(CallError(502, f"the backend failed: {why(err)}", kind="server_error"))
+        self.metrics.calls.labels(str(response.status)).inc()
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
 
     async def _start_events(self, request: web.Request, headers: dict[str, str]) -> web.StreamResponse:
         events = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **NO_BUFFERING}
@@ -285,9 +319,10 @@ class Bridge:
         outcome.written = True
         await asyncio.shield(self.queue.finish(name, ok, message))
 
-    async def _proxy(self, request: web.Request, call: Call, name: str, state: JobState, headers: dict[str, str],
-                     response: web.StreamResponse | None, outcome: Outcome) -> web.StreamResponse:  # fmt: skip
-        base = self.settings.endpoints.get(call.model) or state.endpoint
+    async def _proxy(self, request: web.Request, call: Call, out: Outgoing, name: str, state: JobState,
+                     headers: dict[str, str], response: web.StreamResponse | None,
+                     outcome: Outcome) -> web.StreamResponse:  # fmt: skip
+        base = self.settings.endpoints.get(out.model) or state.endpoint
         if not base:
             await self._finish(outcome, name, False, "the job has no endpoint")
             return await self._fail(
@@ -296,14 +331,14 @@ class Bridge:
         assert self._session is not None
         started = time.monotonic()
         try:
-            sent = {"Accept-Encoding": "identity", **({"Content-Type": call.content_type} if call.content_type else {})}
             async with self._session.request(
-                call.method, base.rstrip("/") + call.target, data=call.body or None, headers=sent
+                call.method, base.rstrip("/") + out.target, data=out.body or None, headers=_sent_headers(call)
             ) as upstream:
                 failed = f"the backend answered {upstream.status}"
                 if response is None:
-                    out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-                    response = web.StreamResponse(status=upstream.status, headers={**out, **headers, **NO_BUFFERING})
+                    response = web.StreamResponse(
+                        status=upstream.status, headers={**_kept(upstream), **headers, **NO_BUFFERING}
+                    )
                     await response.prepare(request)
                 elif upstream.status >= 400:  # the event stream has started: an error event is all that is left
                     text = (await upstream.read()).decode(errors="replace")[:500]
@@ -328,6 +363,15 @@ class Bridge:
             await response.write_eof()  # the client has its answer before the outcome is written
         await self._finish(outcome, name, ok, None if ok else failed)
         return response
+
+
+def _sent_headers(call: Call) -> dict[str, str]:
+    return {"Accept-Encoding": "identity", **({"Content-Type": call.content_type} if call.content_type else {})}
+
+
+def _kept(upstream: ClientResponse) -> dict[str, str]:
+    """The backend's answer headers that pass on: the bridge frames its own response."""
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
 
 
 def _json(payload: dict[str, Any]) -> bytes:

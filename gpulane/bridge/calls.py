@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from gpulane.api.run_limits import MAX_RUN_SECONDS
-from gpulane.bridge.routes import route
+from gpulane.bridge.routes import ModelFrom, route
 
 # The longest "model" value taken from a form; a model name is a Kubernetes object name.
 MAX_MODEL_FIELD = 253
@@ -71,6 +71,7 @@ class Call:
     content_type: str
     method: str = "POST"
     upstream: str = ""  # the model server's path and query ("" is the caller's path)
+    source: ModelFrom = "json"  # where the call named its model
 
     @property
     def target(self) -> str:
@@ -90,14 +91,14 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int, method:
         if not named.strip():
             raise CallError(400, f"{method} {path} needs the model as ?model=...", param="model")
         # Passed through as they are: the server's answer is streamed back whatever it is.
-        return Call(path, _bounded(named.strip()), False, body, content_type, method, upstream)
+        return Call(path, _bounded(named.strip()), False, body, content_type, method, upstream, found.model_from)
     if found.model_from == "form":
         if not content_type.startswith("multipart/form-data"):
             raise CallError(400, f"{path} takes multipart/form-data")
         field = form_field(content_type, body, "model")
         if field is None or not field.strip():
             raise CallError(400, "the form has no 'model' field", param="model")
-        return Call(path, _bounded(field.strip()), False, body, content_type, method, upstream)
+        return Call(path, _bounded(field.strip()), False, body, content_type, method, upstream, "form")
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:

@@ -24,9 +24,9 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
 
-from gpulane.api.backend_pods import http_port, pod_name, pod_state
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
+from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.jobs import outcome_patch
 from gpulane.bridge.results import ResultStore
 from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
@@ -176,7 +176,9 @@ class ManifestExecutor:
         namespace, name = meta["namespace"], meta["name"]
         request = spec["request"]
         try:
-            base = self.endpoints.get(spec["model"]) or await self._backend(spec["model"], status.get("lane"))
+            base = self.endpoints.get(spec["model"]) or await lane_backend(
+                self.kube, self.backend_namespace, status.get("lane"), spec["model"]
+            )
         except NoBackend as err:
             return outcome_patch(False, f"the request was not sent: {err}")
         assert self.session is not None, "start() opens the session"
@@ -214,26 +216,6 @@ class ManifestExecutor:
         ok = upstream < 400
         return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
 
-    async def _backend(self, model: str, lane: object) -> str:
-        """The job's backend, found through its lane's pod: the one pod the operator runs for the lane, Ready
-        and serving the job's model. Never ``status.endpoint``: whoever may write a job's status could point
-        it anywhere, and the answer would land in the job's ConfigMap."""
-        if not isinstance(lane, str) or not lane:
-            raise NoBackend("the job runs on no lane")
-        name = pod_name(lane)
-        where = f"{self.backend_namespace}/{name}"
-        try:
-            body = await self.kube.get_pod(name, self.backend_namespace)
-        except Gone:
-            raise NoBackend(f"lane {lane} has no backend pod {where}") from None
-        pod, port = pod_state(body), http_port(body)
-        if pod is None or pod.lane != lane or pod.model != model:
-            raise NoBackend(f"pod {where} does not serve model {model} on lane {lane}")
-        endpoint = pod.endpoint(port) if pod.ready and port is not None else None
-        if endpoint is None:
-            raise NoBackend(f"pod {where} is not Ready")
-        return endpoint
-
     async def _write_outcome(self, namespace: str, name: str, patch: list[Body]) -> None:
         """Written until it lands: a 429, a 500 or a timeout is retried. A Conflict (the job is no longer
         Running: the operator's deadline, or a cancel, ended it first) or Gone means someone else ended it."""
@@ -244,10 +226,6 @@ class ManifestExecutor:
                 except (Conflict, Gone):
                     return
         log.info("executed %s/%s: %s", namespace, name, json.dumps(patch[1]["value"]))
-
-
-class NoBackend(Exception):
-    """A Running job whose lane has no Ready pod of its model: its call is not sent anywhere."""
 
 
 def answer_entry(answer: bytes) -> tuple[str, Body]:

@@ -21,7 +21,9 @@ from kubernetes.aio.client.exceptions import ApiException
 from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLICA_LABEL, REQUESTED_PRIORITY, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.api.times import format_time
+from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.calls import CallError
+from gpulane.bridge.catalog import Catalog, ServedModel
 from gpulane.kube.client import Conflict, Gone, Kube, backoff, refusal_message
 from gpulane.kube.watch import watch_jobs
 
@@ -66,8 +68,9 @@ class LaneView:
 
 
 class JobQueue(Protocol):
-    async def models(self) -> set[str]: ...
+    async def models(self) -> Catalog: ...
     async def lanes(self) -> list[LaneView]: ...
+    async def resident(self, model: str) -> str | None: ...
     async def submit(self, submission: Submission) -> str: ...
     def follow(self, name: str) -> AsyncIterator[JobState]: ...
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
@@ -115,14 +118,15 @@ def outcome_patch(succeeded: bool, message: str | None = None, result: dict[str,
 
 
 class KubeJobQueue:
-    def __init__(self, kube: Kube, replica: str, lease_seconds: int = 10) -> None:
+    def __init__(self, kube: Kube, replica: str, lease_seconds: int = 10, backend_namespace: str | None = None) -> None:
         self.kube = kube
         self.namespace = kube.namespace
+        self.backend_namespace = backend_namespace or kube.namespace
         self.replica = replica
         self.lease = f"gpulane-bridge-{replica}"
         self.lease_seconds = lease_seconds
         self._waiters: dict[str, asyncio.Queue[JobState]] = {}
-        self._models: set[str] = set()
+        self._models = Catalog(())
         self._models_at = -MODELS_TTL
         self._tasks: list[asyncio.Task[None]] = []
         self.ready = False  # the watch is in step: follows it, so /readyz turns false while it is broken
@@ -178,9 +182,9 @@ class KubeJobQueue:
 
     # -- the seam -------------------------------------------------------------------------------
 
-    async def models(self) -> set[str]:
+    async def models(self) -> Catalog:
         if time.monotonic() - self._models_at > MODELS_TTL:
-            self._models = {m["metadata"]["name"] for m in await self.kube.list_cluster("gpumodels")}
+            self._models = Catalog(ServedModel.of(m) for m in await self.kube.list_cluster("gpumodels"))
             self._models_at = time.monotonic()
         return self._models
 
@@ -191,6 +195,14 @@ class KubeJobQueue:
                      bool((lane.get("status") or {}).get("ready")))
             for lane in sorted(lanes, key=lambda lane: lane["metadata"]["name"])
         ]  # fmt: skip
+
+    async def resident(self, model: str) -> str | None:
+        """The URL of a Ready backend pod serving ``model`` now, if a lane has one."""
+        for lane in await self.lanes():
+            if lane.model == model and lane.ready:
+                with contextlib.suppress(NoBackend):  # the lane's status is a moment older than its pod
+                    return await lane_backend(self.kube, self.backend_namespace, lane.name, model)
+        return None
 
     async def submit(self, submission: Submission) -> str:
         name = f"call-{uuid.uuid4().hex[:12]}"

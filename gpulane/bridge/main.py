@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -29,6 +30,13 @@ def _endpoint(text: str) -> tuple[str, str]:
     return model, url
 
 
+def _pattern(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {err}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = BridgeSettings()
     parser.add_argument("--namespace", default=os.environ.get("GPULANE_NAMESPACE", "gpulane-system"),
@@ -38,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how often the keys file is re-read; a changed one replaces the keys in use")  # fmt: skip
     parser.add_argument("--endpoint", action="append", type=_endpoint, default=[], metavar="MODEL=URL",
                         help="send MODEL's calls to URL instead of the pod's endpoint (repeatable)")  # fmt: skip
+    parser.add_argument("--upstream-ignore-path", action="append", type=_pattern, default=[], metavar="REGEX",
+                        help="an /upstream/MODEL/PATH call whose PATH matches REGEX skips the queue while MODEL "
+                        "is loaded and Ready on a lane (a web UI's static files; llama-swap's "
+                        "upstream.ignorePaths; repeatable)")  # fmt: skip
     parser.add_argument("--backend-namespace", default=None,
                         help="namespace of the operator's backend pods, where executed jobs' backends are "
                         "found (default: --namespace)")  # fmt: skip
@@ -86,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         max_queued_per_member=args.max_queued_per_member,
         max_run_seconds=args.max_run_seconds,
         endpoints=dict(args.endpoint),
+        upstream_ignore=tuple(args.upstream_ignore_path),
     )
     uvloop.run(_serve(args, keys, settings))
     return 0
@@ -93,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettings) -> None:
     kube = Kube(await load_client(args.kubeconfig), args.namespace)
-    queue = KubeJobQueue(kube, args.replica, args.lease_seconds)
+    queue = KubeJobQueue(kube, args.replica, args.lease_seconds, args.backend_namespace)
     await queue.start()
     bridge = Bridge(queue, keys, settings)
     reloads = asyncio.create_task(keys.follow(args.keys_file, args.keys_reload_seconds))

@@ -40,7 +40,7 @@ GLOBAL_KEYS = {
     "ui": "no web UI: kubectl get gj, gpulane queue",
     "performance": "no performance page",
     "sendLoadingState": "a queued stream gets SSE comments with its position instead",
-    "includeAliasesInList": "gpulane has no aliases yet",
+    "includeAliasesInList": "the bridge always lists aliases in /v1/models, each as an entry of its own",
     "globalTTL": "a lane keeps its model while jobs need it and swaps only for a better-scoring job",
     "unloadTimeout": "a backend pod gets terminationGracePeriodSeconds 5",
     "apiKeys": "the bridge's keys file (docs/bridge.md) gives each key a member, a tier and a priority cap",
@@ -50,13 +50,12 @@ GLOBAL_KEYS = {
     "selectors": "no selectors",
     "peers": "no peers",
     "tailcat": "no Tailcat listener",
-    "upstream": "/upstream/<model>/<path> is always queued (ignorePaths is not carried over yet)",
+    "upstream": "give its ignorePaths to the bridge: --upstream-ignore-path REGEX each (chart: "
+    "bridge.upstreamIgnorePaths); /upstream calls of other paths are queued",
     "matrix": "one model per GPU lane at a time",
 }
 # A model's keys that have no GpuModel field, and why.
 MODEL_KEYS = {
-    "aliases": "gpulane has no aliases yet: call the model by its GpuModel name",
-    "useModelName": "the bridge sends the model's GpuModel name (useModelName is not carried over yet)",
     "filters": "the bridge forwards bodies as they are (no stripParams or setParams)",
     "cmdStop": "a backend pod is stopped by deleting it",
     "unlisted": "every GpuModel is listed in /v1/models",
@@ -280,17 +279,45 @@ def model_manifest(
     for key, why in MODEL_KEYS.items():
         if key in raw:
             out.warn(f"{where}.{key}", why)
-    known = {"cmd", "proxy", "checkEndpoint", "env", "ttl", "concurrencyLimit", "macros", *MODEL_KEYS}
+    aliases = _aliases(raw.get("aliases"), f"{where}.aliases", out)
+    if "useModelName" in raw:
+        spec["useModelName"] = str(raw["useModelName"])
+    known = {"cmd", "proxy", "checkEndpoint", "env", "ttl", "concurrencyLimit", "macros", "aliases", "useModelName",
+             *MODEL_KEYS}  # fmt: skip
     for key in raw:
         if key not in known:
             out.warn(f"{where}.{key}", "not a key of llama-swap's model configuration; ignored")
     if template_spec:
         spec["template"] = {"spec": template_spec}
     name = model_name(model_id)
-    if name != model_id:
-        out.warn(where, f"named {name!r}: a GpuModel's name is a Kubernetes name (call the model by it)")
+    if name != model_id:  # clients keep calling it by its llama-swap name
+        out.warn(where, f"named {name!r}: a GpuModel's name is a Kubernetes name; {model_id!r} is an alias")
+        aliases.insert(0, model_id)
+    if aliases:
+        spec["aliases"] = aliases
     GpuModelSpec.model_validate(spec)  # what the CRD would refuse, refused here first
     return {"apiVersion": API_VERSION, "kind": "GpuModel", "metadata": {"name": name}, "spec": spec}
+
+
+def _ignore_paths(upstream: object) -> str:
+    """The bridge's flags for llama-swap's upstream.ignorePaths."""
+    paths = upstream.get("ignorePaths") if isinstance(upstream, Mapping) else None
+    if not isinstance(paths, list) or not paths:
+        return GLOBAL_KEYS["upstream"]
+    flags = " ".join(f"--upstream-ignore-path {shlex.quote(str(p))}" for p in paths)
+    return f"the bridge skips the queue for these paths with {flags} (chart: bridge.upstreamIgnorePaths)"
+
+
+def _aliases(raw: object, where: str, out: Import) -> list[str]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        out.warn(where, "not a list of names; ignored")
+        return []
+    names = [str(a).strip() for a in raw if str(a).strip()]
+    if len(names) != len(raw):
+        out.warn(where, "empty names dropped")
+    return names
 
 
 def _parallel(words: list[str]) -> int | None:
@@ -315,7 +342,7 @@ def convert(
     health = config.get("healthCheckTimeout")
     for key, why in GLOBAL_KEYS.items():
         if key in config:
-            out.warn(key, why)
+            out.warn(key, _ignore_paths(config[key]) if key == "upstream" else why)
     for key in config:
         if key not in GLOBAL_KEYS and key not in ("models", "macros", "startPort", "healthCheckTimeout"):
             out.warn(str(key), "not a key of llama-swap's configuration; ignored")

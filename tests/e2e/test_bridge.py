@@ -20,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from .operator_support import BridgeProcess, FakeBackendProcess, OperatorProcess, World
+from .operator_support import OPERATOR_NAMESPACE, BridgeProcess, FakeBackendProcess, OperatorProcess, World
 from .support import REPO, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -66,7 +66,8 @@ def setup(cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: P
         {"name": "bob", "key": USER_KEY, "member": "bob", "maxPriority": 0},
     ]}))  # fmt: skip
     bridge = BridgeProcess(cluster, tmp_path, world.namespace, keys, "--endpoint", f"{model}={backend.url}",
-                           "--lease-seconds", "3").launch()  # fmt: skip
+                           "--lease-seconds", "3", "--backend-namespace", OPERATOR_NAMESPACE,
+                           "--upstream-ignore-path", "^/stats$").launch()  # fmt: skip
     try:
         backend.wait_ready()  # the two start side by side
         bridge.wait_ready()
@@ -103,6 +104,11 @@ def test_an_sdapi_call_and_an_upstream_call_are_queued_jobs_like_any_other(setup
     jobs = setup.all_succeeded()
     assert len(jobs) == 2 and {j["spec"]["priority"] for j in jobs} == {-50}
     assert headers["X-Gpulane-Job"] in {j["metadata"]["name"] for j in jobs}
+    # --upstream-ignore-path ^/stats$ (llama-swap's upstream.ignorePaths): the model is resident and Ready on
+    # its lane, so the call skips the queue: no job, no X-Gpulane-Job header.
+    stats, headers = call("GET", f"/upstream/{setup.model}/stats")
+    assert "per_model" in stats and "X-Gpulane-Job" not in headers
+    assert len(setup.jobs()) == 2
 
 
 def test_streaming_chunks_arrive_one_by_one(setup: Setup) -> None:

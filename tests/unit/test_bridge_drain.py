@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.api.contract import EXECUTOR_LEASE
 from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
@@ -29,8 +30,8 @@ class HeldQueue:
         self.go = asyncio.Event()
         self.submitted = 0
 
-    async def models(self) -> set[str]:
-        return {"m"}
+    async def models(self) -> Catalog:
+        return Catalog.of({"m"})
 
     async def submit(self, submission: Submission) -> str:
         self.submitted += 1

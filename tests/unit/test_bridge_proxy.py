@@ -10,6 +10,7 @@ from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -27,8 +28,8 @@ class RunningQueue:
         self.finished: list[tuple[bool, str | None]] = []
         self.cancelled: list[str] = []
 
-    async def models(self) -> set[str]:
-        return {"m"}
+    async def models(self) -> Catalog:
+        return Catalog.of({"m"})
 
     async def submit(self, submission: Submission) -> str:
         return "job-1"

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.api.run_limits import MAX_RUN_SECONDS
 from gpulane.bridge.app import Bridge, BridgeSettings
+from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -31,8 +32,8 @@ class ExpiringQueue:
     def __init__(self) -> None:
         self.submissions: list[Submission] = []
 
-    async def models(self) -> set[str]:
-        return {"m"}
+    async def models(self) -> Catalog:
+        return Catalog.of({"m"})
 
     async def submit(self, submission: Submission) -> str:
         self.submissions.append(submission)

@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError
+from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.jobs import JobState, Submission, _refusal
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -45,8 +46,8 @@ def test_a_refusal_without_a_status_body_keeps_the_reason() -> None:
 class RefusingQueue:
     """The cluster refuses every job."""
 
-    async def models(self) -> set[str]:
-        return {"m"}
+    async def models(self) -> Catalog:
+        return Catalog.of({"m"})
 
     async def submit(self, submission: Submission) -> str:
         raise CallError(403, f"the cluster refused the job: {DENIED}", kind="permission_error")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpulane.bridge import routes
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError, read_call
+from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.jobs import JobState, LaneView, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -26,15 +28,21 @@ AUTH = {"Authorization": f"Bearer {KEY['key']}"}
 class Queue:
     """Every job runs at once; submissions and ends are recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog: Catalog | None = None) -> None:
         self.submitted: list[Submission] = []
         self.finished: list[bool] = []
+        self.catalog = catalog or Catalog.of({"m", "sd"})
+        self.loaded: set[str] = set()  # models Ready on a lane, served at ``url``
+        self.url = ""
 
-    async def models(self) -> set[str]:
-        return {"m", "sd"}
+    async def models(self) -> Catalog:
+        return self.catalog
 
     async def lanes(self) -> list[LaneView]:
         return [LaneView("gpu-0", "m", True), LaneView("gpu-1", "sd", False), LaneView("gpu-2", None, False)]
+
+    async def resident(self, model: str) -> str | None:
+        return self.url if model in self.loaded else None
 
     async def submit(self, submission: Submission) -> str:
         self.submitted.append(submission)
@@ -51,7 +59,9 @@ class Queue:
 
 
 @contextlib.asynccontextmanager
-async def bridged() -> AsyncIterator[tuple[TestClient[web.Request, web.Application], list[dict[str, Any]], Queue]]:
+async def bridged(
+    catalog: Catalog | None = None, **settings: Any
+) -> AsyncIterator[tuple[TestClient[web.Request, web.Application], list[dict[str, Any]], Queue]]:
     """A backend that echoes every request's method, path, query and body, and a bridge in front of it."""
     seen: list[dict[str, Any]] = []
 
@@ -62,11 +72,12 @@ async def bridged() -> AsyncIterator[tuple[TestClient[web.Request, web.Applicati
 
     backend = web.Application()
     backend.router.add_route("*", "/{tail:.*}", echo)
-    queue = Queue()
+    queue = Queue(catalog)
     async with TestServer(backend) as upstream:
         url = str(upstream.make_url("/"))
-        settings = BridgeSettings(endpoints={"m": url, "sd": url})
-        bridge = Bridge(queue, KeyRing(KeysFile.model_validate({"keys": [KEY]})), settings)
+        queue.url = url
+        config = BridgeSettings(endpoints=dict.fromkeys(queue.catalog.models, url), **settings)
+        bridge = Bridge(queue, KeyRing(KeysFile.model_validate({"keys": [KEY]})), config)
         async with TestClient(TestServer(bridge.app())) as http:
             yield http, seen, queue
 
@@ -125,6 +136,27 @@ def test_upstream_passes_any_method_to_any_path_of_the_named_model_queued_like_a
         sent = seen[0]
         assert (sent["method"], sent["path"], sent["query"]) == (method, "/api/v1/queue/status", "verbose=1")
         assert sent["body"] == (b"raw bytes" if method != "GET" else sent["body"])
+
+    asyncio.run(scenario())
+
+
+def test_an_ignored_upstream_path_skips_the_queue_only_while_its_model_is_resident() -> None:
+    """llama-swap's upstream.ignorePaths: a web UI's static files load without a job while the model
+    serves; the same path queues as any call when it does not, and other paths always queue."""
+
+    async def scenario() -> None:
+        async with bridged(upstream_ignore=(re.compile(r"\.(js|css)$"),)) as (http, seen, queue):
+            queue.loaded.add("sd")
+            assert (await http.get("/upstream/sd/assets/app.js?v=2", headers=AUTH)).status == 200
+            assert queue.submitted == [] and queue.finished == [], "no job for a static file of a resident model"
+            assert (await http.get("/upstream/sd/api/status", headers=AUTH)).status == 200
+            assert [s.model for s in queue.submitted] == ["sd"], "a path that does not match queues"
+            assert (await http.get("/upstream/m/style.css", headers=AUTH)).status == 200
+            assert [s.model for s in queue.submitted] == ["sd", "m"], "a model not loaded queues, ignored path or not"
+            assert (await http.get("/upstream/sd/app.js")).status == 401, "the key is still checked"
+        assert [(s["path"], s["query"]) for s in seen] == [
+            ("/assets/app.js", "v=2"), ("/api/status", ""), ("/style.css", "")
+        ]  # fmt: skip
 
     asyncio.run(scenario())
 

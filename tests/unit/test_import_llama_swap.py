@@ -57,9 +57,21 @@ def test_a_docker_run_line_gives_its_image_volumes_env_shm_and_container_port() 
         "models.Qwen/Coder-7B.cmd: --gpus all: the GPU is the lane's",
         "models.Qwen/Coder-7B.proxy: port 9000 is the host's; the pod is called on its container port 8080",
         "models.Qwen/Coder-7B.checkEndpoint: none: gpulane needs a readiness path",
-        "models.Qwen/Coder-7B: named 'qwen-coder-7b': a GpuModel's name is a Kubernetes name",
+        "models.Qwen/Coder-7B: named 'qwen-coder-7b': a GpuModel's name is a Kubernetes name; 'Qwen/Coder-7B' is",
     ):
         assert any(w.startswith(expected) for w in warnings), (expected, warnings)
+
+
+def test_aliases_and_use_model_name_carry_over_and_a_renamed_model_keeps_its_name_as_an_alias() -> None:
+    models, warnings = imported()
+    qwen = models["qwen-7b"]["spec"]
+    assert qwen["aliases"] == ["gpt-4o-mini"] and qwen["useModelName"] == "qwen2.5-7b-instruct"
+    assert models["qwen-coder-7b"]["spec"]["aliases"][0] == "Qwen/Coder-7B", "clients keep calling it so"
+    assert not any(".aliases" in w or ".useModelName" in w for w in warnings)
+    assert (
+        "upstream: the bridge skips the queue for these paths with --upstream-ignore-path '.*\\.(js|css)$'"
+        in "\n".join(warnings)
+    )
 
 
 def test_every_key_that_does_not_carry_over_is_one_warning_line_saying_why() -> None:
@@ -69,7 +81,7 @@ def test_every_key_that_does_not_carry_over_is_one_warning_line_saying_why() -> 
     keys = [w.split(":", 1)[0] for w in warnings]
     for key in ("logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer",
                 "sendLoadingState", "includeAliasesInList", "globalTTL", "unloadTimeout", "apiKeys", "hooks",
-                "groups", "upstream", "models.qwen-7b.ttl", "models.qwen-7b.aliases", "models.qwen-7b.useModelName",
+                "groups", "upstream", "models.qwen-7b.ttl",
                 "models.qwen-7b.filters", "models.qwen-7b.concurrencyLimit", "models.qwen-7b.name",
                 "models.qwen-7b.description", "models.qwen-7b.unlisted", "models.qwen-7b.cmdStop",
                 "models.qwen-7b.metadata", "models.qwen-7b.unloadTimeout", "models.sdxl.cmd",

@@ -1,0 +1,105 @@
+"""The models the bridge serves, as the GpuModels describe them: the names a call may use (a model's own
+and its aliases), and what the bridge changes in a call's body before the server gets it (the model's
+``useModelName`` and ``priorityPassthrough``, docs/models.md#what-the-bridge-sends).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from pydantic import ValidationError
+
+from gpulane.api.contract import Body
+from gpulane.api.resources import GpuModelSpec
+from gpulane.bridge.calls import Call, CallError
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str  # the GpuModel's: what its jobs name
+    aliases: tuple[str, ...] = ()
+    use_model_name: str | None = None
+    priority_passthrough: str | None = None  # "LowerFirst" (vLLM) or "HigherFirst" (SGLang)
+
+    @classmethod
+    def of(cls, body: Body) -> ServedModel:
+        """From a GpuModel; one whose spec does not validate is still served by its name, as the operator
+        decides whether it runs (its Accepted condition says why not)."""
+        name = body["metadata"]["name"]
+        try:
+            spec = GpuModelSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            return cls(name)
+        return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough)
+
+
+class Catalog:
+    """Names to models. A model's own name wins over another model's alias of the same text; an alias
+    two models claim is ambiguous, and a call that uses it is refused, naming both."""
+
+    def __init__(self, models: Iterable[ServedModel]) -> None:
+        self.models = {m.name: m for m in models}
+        self._aliases: dict[str, list[str]] = {}
+        for model in self.models.values():
+            for alias in model.aliases:
+                if alias not in self.models and model.name not in self._aliases.setdefault(alias, []):
+                    self._aliases[alias].append(model.name)
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> Catalog:
+        """Models known by their names alone."""
+        return cls(ServedModel(name) for name in names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.models or name in self._aliases
+
+    def resolve(self, name: str) -> ServedModel:
+        """The model a call's ``name`` means, or a CallError (404 unknown, 400 ambiguous)."""
+        if name in self.models:
+            return self.models[name]
+        claimed = sorted(self._aliases.get(name, ()))
+        if len(claimed) == 1:
+            return self.models[claimed[0]]
+        if claimed:
+            raise CallError(400, f"the model name {name!r} is an alias of {' and '.join(claimed)}; call one of them "
+                            "by its own name", code="ambiguous_model", param="model")  # fmt: skip
+        raise CallError(404, f"the model {name!r} does not exist", code="model_not_found", param="model")
+
+    def listing(self, created: int) -> list[dict[str, Any]]:
+        """``/v1/models``' entries: each model, then each of its aliases as an entry of its own, as llama-swap
+        lists them with includeAliasesInList (an alias entry names its model in ``aliasOf``)."""
+        entries: list[dict[str, Any]] = []
+        for name in sorted(self.models):
+            entries.append({"id": name, "object": "model", "created": created, "owned_by": "gpulane"})
+        for alias, names in sorted(self._aliases.items()):
+            if len(names) == 1:
+                entries.append({"id": alias, "object": "model", "created": created, "owned_by": "gpulane",
+                                "aliasOf": names[0]})  # fmt: skip
+        return entries
+
+
+def outgoing(call: Call, model: ServedModel, priority: int) -> tuple[bytes, str]:
+    """The body and the path (with its query) that the model server gets for ``call``.
+
+    A JSON body's ``model`` becomes the model's ``useModelName``, and with ``priorityPassthrough`` its
+    ``priority`` becomes the call's effective priority (after any cap), in the server's sense: negated for
+    LowerFirst servers, as is for HigherFirst ones. A caller's own ``priority`` never reaches such a
+    server, so it cannot jump the server's queue. A query's ``model`` parameter gets the
+    ``useModelName`` too; forms and /upstream calls pass as they are."""
+    body, target = call.body, call.target
+    if call.source == "json" and (model.use_model_name or model.priority_passthrough):
+        payload = json.loads(body)  # read_call checked that it is a JSON object
+        if model.use_model_name:
+            payload["model"] = model.use_model_name
+        if model.priority_passthrough:
+            payload["priority"] = -priority if model.priority_passthrough == "LowerFirst" else priority
+        body = json.dumps(payload).encode()
+    elif call.source == "query" and model.use_model_name:
+        path, _, query = target.partition("?")
+        pairs = [(k, model.use_model_name if k == "model" else v) for k, v in parse_qsl(query, keep_blank_values=True)]
+        target = f"{path}?{urlencode(pairs)}"
+    return body, target
