@@ -23,6 +23,7 @@ help:
 	@echo "make plots     - regenerate the scenario plots in docs/img/"
 	@echo "make tools     - build the local control plane's and the real node's binaries once (see docs/development.md)"
 	@echo "make images    - the pause, Python base and gpulane images for the real node, without a registry"
+	@echo "make llama-server - llama.cpp's llama-server built into an image: the e2e suite's real model server"
 	@echo "make cluster-up / cluster-status / cluster-down - the local cluster with the real GPU node gpu-0 (NODE=kwok: a kwok gpu-0)"
 	@echo "make e2e       - only the end-to-end tests against the local control plane"
 
@@ -43,7 +44,7 @@ lock: $(STAMP)
 
 include hack/cluster.mk
 
-test: lint tools
+test: lint tools llama-server
 	$(BIN)/pytest -q
 
 unit: install

@@ -5,6 +5,8 @@
 #                        hack/tools/* (once; cached outside the repo), after `make node-deps`
 #   make node-deps       install the real node's Debian packages (runc, CNI plugins, mmdebstrap, nftables)
 #   make images          the pause, Python base and gpulane images, without a registry (cached by content)
+#   make llama-server    llama.cpp's llama-server built from source into an image (the e2e suite's real
+#                        model server; about 6.5 min once, then cached by content)
 #   make cluster-up      start etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok and the
 #                        real GPU node gpu-0 (containerd + runc + kubelet + kube-proxy; root) (idempotent);
 #                        NODE=kwok makes gpu-0 a kwok node instead, as GPULANE_NODE=kwok does
@@ -20,7 +22,10 @@ CLUSTER_PY = $(BIN)/python hack/gpulane_cluster.py
 # `make cluster-up NODE=kwok`: gpu-0 is a kwok node (the default, NODE=real, is the real kubelet node).
 CLUSTER_ENV = $(if $(NODE),GPULANE_NODE=$(NODE))
 
-.PHONY: tools node-deps images cluster-up cluster-down cluster-status e2e kind-up kind-down
+llama-server: install node-deps
+	@$(CLUSTER_PY) llama-server >/dev/null
+
+.PHONY: tools node-deps images llama-server cluster-up cluster-down cluster-status e2e kind-up kind-down
 
 tools: node-deps
 	@hack/tools/build.sh >/dev/null
@@ -41,7 +46,7 @@ cluster-down: install
 cluster-status: install
 	@$(CLUSTER_PY) status
 
-e2e: install tools
+e2e: install tools llama-server
 	$(BIN)/pytest -q -m e2e tests/e2e
 
 kind-up:

@@ -2,14 +2,15 @@
 
 Modules, one concern each: ``layout`` (settings, ports, paths), ``pki``, ``processes``, ``health``,
 ``state`` (the record and the lock), ``control_plane``, ``node`` (the real kubelet node), ``host`` (what
-the node takes from the host and gives back), ``images`` (without a registry), ``cluster``
+the node takes from the host and gives back), ``images`` (without a registry), ``llama_server`` (a real
+model server's image), ``cluster``
 (up/release/down/status) and ``cli``.
 ``hack/gpulane_cluster.py`` re-exports this API under the name the tests and benchmarks import.
 """
 
 from __future__ import annotations
 
-from . import host, images, node
+from . import host, images, llama_server, node
 from .cli import main
 from .cluster import dead, down, release, restart, running, status, up, users
 from .control_plane import component_health, ensure_gpu_node, gpu_node_manifest, node_ready
@@ -63,6 +64,7 @@ __all__ = [
     "http_get",
     "images",
     "issue_cert",
+    "llama_server",
     "main",
     "missing_binaries",
     "new_ca",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import llama_server
 from .cluster import down, restart, status, up
 from .errors import ClusterError, stderr_log
 from .images import build_images
@@ -18,6 +19,9 @@ kube-proxy), built from the pinned Go modules in hack/tools (see docs/developmen
     python hack/gpulane_cluster.py down     stop exactly the processes `up` started, remove the state
     python hack/gpulane_cluster.py env      print `export KUBECONFIG=...` and the tools' PATH
     python hack/gpulane_cluster.py images   build the real node's images (cached by content)
+    python hack/gpulane_cluster.py llama-server
+                                            build llama.cpp's llama-server into an image (the e2e
+                                            suite's real model server; once, about 6.5 min)
     python hack/gpulane_cluster.py restart COMPONENT [--graceful]
                                             SIGKILL one component (etcd, kube-apiserver, kubelet,
                                             containerd, ...) and start it again, as a chaos run does
@@ -34,7 +38,7 @@ Environment:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "env", "images", "restart"])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "images", "llama-server", "restart"])
     parser.add_argument("component", nargs="?", help="for restart: the component to restart")
     parser.add_argument("--graceful", action="store_true", help="for restart: SIGTERM instead of SIGKILL")
     args = parser.parse_args(argv)
@@ -56,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.component} restarted; the cluster was healthy again after {seconds:.1f}s")
         elif args.command == "images":
             build_images(stderr_log)
+        elif args.command == "llama-server":
+            image = llama_server.build_image(stderr_log)
+            print(f"{image.name} {image.archive}")
         else:
             layout = Layout(default_state_dir())
             print(f"export KUBECONFIG={layout.kubeconfig}")

@@ -6,18 +6,23 @@ and the model server are all real processes."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 import yaml
 
-from .operator_support import BridgeProcess, OperatorProcess, World, pod_watch
-from .support import Cluster, wait_until
+from .operator_support import API, OPERATOR_NAMESPACE, BridgeProcess, OperatorProcess, World, pod_watch
+from .support import Cluster, localcluster, wait_until
+from .tiny_gguf import write_tiny_model
 
 pytestmark = pytest.mark.e2e
 
@@ -106,3 +111,110 @@ def test_a_backend_that_never_loads_fails_its_job_with_model_load_timeout(real: 
     world.job("stuck", model)
     failed = world.wait_phase("stuck", "Failed", timeout=60)
     assert failed["reason"] == "ModelLoadTimeout", failed
+
+
+# -- llama.cpp's llama-server, the server llama-swap users run ----------------------------------------
+
+CONTEXT = 8192  # room for a long generation, to be cut short by a client that leaves
+NO_EOS = {"ignore_eos": True}  # random weights may draw the end-of-text token at any step
+# One slot (one job at a time, as maxConcurrency 1 says); its port is the GpuModel's.
+SERVER_ARGS = ("--host", "0.0.0.0", "--port", "8080", "-c", str(CONTEXT), "-np", "1", "--threads", "2")
+
+
+@dataclass
+class Llama:
+    image: str
+    weights: Path  # a host directory with the tiny models a.gguf and b.gguf
+
+
+@pytest.fixture(scope="module")
+def llama(cluster: Cluster) -> Iterator[Llama]:
+    """llama-server's image in the real node's containerd (built by `make test`'s llama-server step, cached
+    by content), and two tiny models of different weights on the host, for a hostPath volume."""
+    built = localcluster.llama_server.build_image(print)
+    localcluster.node.sync_images(localcluster.Layout(cluster.info.state_dir), cluster.bindir, [built], print)
+    weights = Path(tempfile.mkdtemp(prefix="gpulane-tiny-models-"))
+    weights.chmod(0o755)
+    vocabulary = localcluster.llama_server.built_dir() / localcluster.llama_server.VOCAB
+    for name, seed in (("a", 1), ("b", 2)):
+        write_tiny_model(vocabulary, weights / f"{name}.gguf", seed=seed, context=CONTEXT)
+    try:
+        yield Llama(built.name, weights)
+    finally:
+        shutil.rmtree(weights)
+
+
+def llama_model(world: World, llama: Llama, stem: str, weights: str) -> str:
+    """A GpuModel served by llama-server from ``weights`` (a file of ``llama.weights``), one slot."""
+    name = world.name(stem)
+    container = {
+        "name": "backend",
+        "image": llama.image,
+        "args": [*SERVER_ARGS, "-m", f"/models/{weights}", "-a", name],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    }
+    volume = {"name": "models", "hostPath": {"path": str(llama.weights), "type": "Directory"}}
+    spec = {"port": 8080, "readinessPath": "/health", "loadTimeoutSeconds": 120, "expectedRunSeconds": 5,
+            "template": {"spec": {"volumes": [volume], "containers": [container]}}}  # fmt: skip
+    world.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": spec})
+    world.cluster_objects.append(("gpumodels", name))
+    return name
+
+
+@pytest.mark.timeout(900)  # on a machine where `make test` did not build the image first: the build
+def test_a_real_llama_server_streams_swaps_stops_when_the_client_leaves_and_serves_by_priority(
+    real: Real, llama: Llama
+) -> None:
+    world, client = real.world, real.client()
+    first, second = llama_model(world, llama, "llama-a", "a.gguf"), llama_model(world, llama, "llama-b", "b.gguf")
+    hello: list[Any] = [{"role": "user", "content": "hello"}]
+
+    # A real load, then tokens streamed one chunk each, as the server generates them.
+    stream = client.chat.completions.create(model=first, messages=hello, stream=True, max_tokens=24,
+                                            extra_body=NO_EOS)  # fmt: skip
+    chunks = [chunk for chunk in stream if chunk.choices and chunk.choices[0].delta.content is not None]
+    assert len(chunks) >= 20, f"{len(chunks)} chunks for 24 tokens"
+    learned = wait_until(lambda: (s := world.cluster_status("gpumodels", first)).get("loads") and s,
+                         timeout=30, what=f"GpuModel {first}'s learned load time")  # fmt: skip
+    assert learned["loadSeconds"] > 0, learned
+
+    # A swap: the other model's server replaces the first on the lane's one GPU.
+    answer = client.chat.completions.create(model=second, messages=hello, max_tokens=8, extra_body=NO_EOS)
+    assert answer.usage is not None and answer.usage.completion_tokens == 8
+    [pod] = world.backend_pods(real.lane)
+    assert pod.metadata.annotations["gpulane.io/model"] == second
+
+    # A burst behind a long generation: the calls arrive lowest priority first, and run highest first once
+    # the generation's client leaves, which stops the generation on the server.
+    before = {job["metadata"]["name"] for job in world.jobs()}
+    blocker = client.chat.completions.create(model=second, messages=hello, stream=True, max_tokens=CONTEXT - 64,
+                                             extra_body=NO_EOS)  # fmt: skip
+    next(iter(blocker))  # generating: its job is Running
+    urgent: dict[int, Any] = {}
+
+    def call(priority: int) -> None:
+        urgent[priority] = client.chat.completions.create(
+            model=second, messages=hello, max_tokens=4, extra_body=NO_EOS,
+            extra_headers={"X-LlamaSwap-Priority": str(priority)},
+        )  # fmt: skip
+
+    callers: list[threading.Thread] = []
+    for priority in (0, 50, 100):
+        callers.append(threading.Thread(target=call, args=(priority,)))
+        callers[-1].start()
+        expected = len(before) + 1 + len(callers)
+        wait_until(lambda n=expected: len(world.jobs()) == n, what=f"call {priority}'s job")
+    burst = [job["metadata"]["name"] for job in world.jobs() if job["metadata"]["name"] not in before]
+    phases = wait_until(lambda: len(seen := sorted(p for n in burst if (p := world.status(n).get("phase")))) == 4
+                        and seen, what="the phases of the generation and the burst")  # fmt: skip
+    assert phases == ["Pending", "Pending", "Pending", "Running"], "the burst waits behind the generation"
+    blocker.close()
+    for caller in callers:
+        caller.join(timeout=60)
+    assert sorted(urgent) == [0, 50, 100], "every call of the burst was answered"
+    log = world.core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE)
+    assert "cancel task" in log, "the server went on generating after its client left"
+    new = [job for job in world.jobs() if job["metadata"]["name"] not in before]
+    ran = [job for job in new if (job.get("status") or {}).get("phase") == "Succeeded"]
+    order = [job["spec"]["priority"] for job in sorted(ran, key=lambda job: job["status"]["startedAt"])]
+    assert order == [100, 50, 0], order
