@@ -1,16 +1,18 @@
-"""Admission latency, three sides alternated in one run: GpuJob creates through gpulane's webhook, through
-the apiserver's own admission policies (``admission.mode: policy``, gpulane/admission/cel.py), and through
-neither.
+"""Admission latency, four sides alternated in one run: GpuJob creates through gpulane's webhook, through
+the apiserver's own admission policies (``admission.mode: policy``, gpulane/admission/cel.py), through the
+cheapest pair of policies the apiserver can run (``floor``: a mutating policy that sets one field and a
+validating one whose rule is ``true``, no parameter), and through neither. The floor says what binding any
+mutating and validating policy costs on the machine, before gpulane's rules add theirs.
 
     .venv/bin/python bench/admission.py [--jobs 500] [--concurrency 50] [--rounds 4]
 
 Starts the local control plane if none runs, applies crds/, runs ``gpulane webhook`` as its own process
 and installs its configurations for one namespace, and the policies for another (GpuPolicy ``default``
-their parameter). Each round creates ``--jobs`` GpuJobs from ``--concurrency`` threads in each of the three
-namespaces in turn, so that a drifting host affects all alike. Every create is timed by the client, as a
-user feels it. Then the webhook's process is SIGKILLed and one round more runs on the webhook's side and
-on the policies' side: creates through the webhook fail until it is back, creates through the policies
-must not.
+their parameter), and the floor's for a third. Each round creates ``--jobs`` GpuJobs from ``--concurrency``
+threads in each of the four namespaces in turn, so that a drifting host affects all alike. Every create is
+timed by the client, as a user feels it. Then the webhook's process is SIGKILLed and one round more runs on
+the webhook's side and on the policies' side: creates through the webhook fail until it is back, creates
+through the policies must not.
 """
 
 from __future__ import annotations
@@ -37,7 +39,29 @@ from gpulane.core.sim.report import percentile  # the one percentile definition 
 from tests.e2e.operator_support import GROUP, VERSION, WebhookProcess, World
 from tests.e2e.support import Cluster, localcluster, make_serving_cert, wait_until
 
-SIDES = ("webhook", "policy", "none")
+SIDES = ("webhook", "policy", "floor", "none")
+
+
+def floor_policies(name: str, namespace_selector: dict[str, str]) -> list[dict[str, Any]]:
+    """The least a mutating and a validating policy can do on a GpuJob create, bound to one namespace."""
+    api = "admissionregistration.k8s.io/v1"
+    rules = {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE"],
+                                "resources": ["gpujobs"]}]}  # fmt: skip
+    match = {"namespaceSelector": {"matchLabels": namespace_selector}}
+    mutation = {"patchType": "ApplyConfiguration",
+                "applyConfiguration": {"expression": 'Object{spec: Object.spec{tier: "floor"}}'}}  # fmt: skip
+    mutating = {"failurePolicy": "Fail", "reinvocationPolicy": "Never", "matchConstraints": rules,
+                "mutations": [mutation]}  # fmt: skip
+    validating = {"failurePolicy": "Fail", "matchConstraints": rules, "validations": [{"expression": "true"}]}
+    meta = {"name": f"{name}-floor"}
+    return [
+        {"apiVersion": api, "kind": "MutatingAdmissionPolicy", "metadata": meta, "spec": mutating},
+        {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding", "metadata": meta,
+         "spec": {"policyName": meta["name"], "matchResources": match}},
+        {"apiVersion": api, "kind": "ValidatingAdmissionPolicy", "metadata": meta, "spec": validating},
+        {"apiVersion": api, "kind": "ValidatingAdmissionPolicyBinding", "metadata": meta,
+         "spec": {"policyName": meta["name"], "validationActions": ["Deny"], "matchResources": match}},
+    ]  # fmt: skip
 
 
 def create_all(
@@ -65,14 +89,19 @@ def create_all(
 
 
 def capped(custom: client.CustomObjectsApi, namespace: str, model: str) -> bool:
-    """Whether admission capped a priority-1000 create (a dry run: nothing stored)."""
+    """Whether admission capped a priority-1000 create (a dry run: nothing stored); on the floor's side,
+    whether its mutation ran."""
     doc = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuJob", "metadata": {"generateName": "probe-"},
            "spec": {"model": model, "priority": 1000}}  # fmt: skip
     try:
         made = custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", doc, dry_run="All")
     except client.ApiException:
         return False
-    return bool(made["spec"]["priority"] != 1000)
+    return bool(made["spec"]["priority"] != 1000 or made["spec"].get("tier") == "floor")
+
+
+def p50(samples: list[float]) -> float:
+    return statistics.median(samples)
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -109,6 +138,7 @@ def main() -> None:
     configs = webhook_configurations(url=f"https://127.0.0.1:{hook.port}", ca_pem=tls.ca_pem,
                                      namespace_selector={label: f"webhook-{tag}"}, name=name)  # fmt: skip
     policies = cel.manifests(name, namespace_selector={label: f"policy-{tag}"})
+    policies += floor_policies(name, {label: f"floor-{tag}"})
     had_policy = bool(cluster.kubectl("get", "gpupolicy", "default", "--ignore-not-found", "-o", "name").stdout)
     results: dict[str, Any] = {}
     try:
@@ -138,9 +168,10 @@ def main() -> None:
                 for side in SIDES
             },
             **{
-                f"{side}_over_none_p50": round(statistics.median(samples[side]) / statistics.median(samples["none"]), 2)
-                for side in ("policy", "webhook")
+                f"{side}_over_none_p50": round(p50(samples[side]) / p50(samples["none"]), 2)
+                for side in ("policy", "floor", "webhook")
             },
+            "policy_over_floor_p50": round(p50(samples["policy"]) / p50(samples["floor"]), 2),
         }  # fmt: skip
         # The webhook gone: its side's creates fail (failurePolicy Fail) until it is back; the policies' do not.
         hook.kill()

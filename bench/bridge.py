@@ -1,6 +1,7 @@
 """The bridge's overhead against calling the fake backend directly, side by side in one run.
 
     .venv/bin/python bench/bridge.py [--calls 200] [--streams 200]
+    .venv/bin/python bench/bridge.py --long-call 960
 
 Starts the local control plane if none runs, then the operator, ``gpulane fake-backend`` and
 ``gpulane bridge`` as their own processes, exactly as the end-to-end tests do. The model declares 256
@@ -13,6 +14,8 @@ the outcome).
 - first chunk: the same for streaming calls, to the first content chunk.
 - concurrency: ``--streams`` streaming clients at once through the bridge; errors, wall time, and the
   bridge's peak memory (VmHWM).
+- ``--long-call SECONDS`` (alone): one non-streaming call whose backend takes SECONDS to answer, as a
+  16-minute render does (960): no timeout of the bridge's cuts it, and the answer arrives after SECONDS.
 """
 
 from __future__ import annotations
@@ -82,22 +85,38 @@ async def concurrent(bridge: str, model: str, streams: int) -> dict[str, Any]:
             "wall_seconds": round(wall, 2), "first_chunk": ms(firsts) if firsts else None}  # fmt: skip
 
 
+async def long_call(bridge: str, model: str, seconds: float) -> dict[str, Any]:
+    client = openai.AsyncOpenAI(base_url=f"{bridge}/v1", api_key=KEY, timeout=seconds + 300, max_retries=0)
+    started = time.monotonic()
+    answer = await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "render"}])
+    took = time.monotonic() - started
+    await client.close()
+    return {"backend_seconds": seconds, "answered_after_s": round(took, 1),
+            "answer_chars": len(answer.choices[0].message.content or "")}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--long-call", type=float, default=None, metavar="SECONDS")
     args = parser.parse_args()
     with bench_world() as bench, contextlib.ExitStack() as running:
         cluster, world, work, namespace = bench.cluster, bench.world, bench.work, bench.namespace
         model = world.model("bench", ready_delay="0s", maxConcurrency=256)
         world.lane()
-        backend = FakeBackendProcess(cluster, work, "--model", model, "--chunks", "5", "--chunk-delay", "0.01").start()
+        slow = ["--request-seconds", str(args.long_call)] if args.long_call else []
+        backend = FakeBackendProcess(cluster, work, "--model", model, "--chunks", "5", "--chunk-delay", "0.01",
+                                     *slow).start()  # fmt: skip
         running.callback(backend.stop)
         keys = work / "keys.yaml"
         keys.write_text(yaml.safe_dump({"keys": [{"name": "bench", "key": KEY, "member": "bench", "maxPriority": 0}]}))
         bridge = BridgeProcess(cluster, work, namespace, keys, "--endpoint", f"{model}={backend.url}",
                                "--max-queued-per-member", "1000").start()  # fmt: skip
         running.callback(bridge.stop)
+        if args.long_call:
+            print(json.dumps(asyncio.run(long_call(bridge.url, model, args.long_call)), indent=1))
+            return
         asyncio.run(one(openai.AsyncOpenAI(base_url=f"{bridge.url}/v1", api_key=KEY), model, False))  # warm the pod
         result: dict[str, Any] = {
             "non_streaming": asyncio.run(side_by_side(bridge.url, backend.url, model, args.calls, False)),

@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from gpulane.api.resources import GROUP, KINDS, VERSION, Kind, PrinterColumn
+from gpulane.api.kinds import KINDS, Kind, PrinterColumn
+from gpulane.api.resources import GROUP, VERSION
 
 Schema = dict[str, Any]
 

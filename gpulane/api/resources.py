@@ -60,11 +60,11 @@ class Condition(CamelModel):
 
 
 Conditions = list[Condition]
-_CONDITIONS = Field(
+CONDITIONS_FIELD = Field(
     default=None,
     json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
 )
-_TIME: JsonDict = {"format": "date-time"}
+TIME_FORMAT: JsonDict = {"format": "date-time"}
 
 
 # -- GpuJob -------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ class DispatchRecord(CamelModel):
     """One dispatch, as lanes remember it and as jobs that waited meanwhile tell it (``gpulane why``)."""
 
     job: str
-    at: str = Field(json_schema_extra=_TIME)
+    at: str = Field(json_schema_extra=TIME_FORMAT)
     lane: str
     model: str
     load: bool
@@ -140,7 +140,7 @@ class DispatchRecord(CamelModel):
 class Story(CamelModel):
     """What a job's own story needs once it has run: the dispatches that went ahead while it waited."""
 
-    queued_at: str = Field(json_schema_extra=_TIME)
+    queued_at: str = Field(json_schema_extra=TIME_FORMAT)
     ran_ahead: list[DispatchRecord]  # the latest ones, at most STORY_LIMIT
     ran_ahead_total: int
     load: bool  # it had to wait for its model to load
@@ -151,23 +151,23 @@ class GpuJobStatus(CamelModel):
     position: int | None = Field(default=None, ge=1)
     # True when position and estimatedStart are exact; beyond the first jobs of a lane they are rounded.
     position_exact: bool | None = None
-    estimated_start: str | None = Field(default=None, json_schema_extra=_TIME)
+    estimated_start: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
     score: ScoreTerms | None = None
     waited: str | None = None
     # When the operator first saw the job (to the millisecond): its place in arrival order, across restarts.
-    submitted_at: str | None = Field(default=None, json_schema_extra=_TIME)
+    submitted_at: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
     lane: str | None = None
     pod: str | None = None
     endpoint: str | None = None
-    dispatched_at: str | None = Field(default=None, json_schema_extra=_TIME)
-    started_at: str | None = Field(default=None, json_schema_extra=_TIME)
-    finished_at: str | None = Field(default=None, json_schema_extra=_TIME)
+    dispatched_at: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
+    started_at: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
+    finished_at: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
     reason: str | None = None
     message: str | None = None
     # Written by the executor when it reports completion (see docs/job-lifecycle.md).
     result: dict[str, Any] | None = None
     story: Story | None = None
-    conditions: Conditions | None = _CONDITIONS
+    conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None
 
 
@@ -230,7 +230,7 @@ class GpuModelStatus(CamelModel):
     run_seconds: float | None = None
     loads: int | None = None
     runs: int | None = None
-    conditions: Conditions | None = _CONDITIONS
+    conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None
 
 
@@ -248,7 +248,7 @@ class GpuLaneSpec(CamelModel):
 class ServedClock(CamelModel):
     member: str
     band: int
-    at: str = Field(json_schema_extra=_TIME)
+    at: str = Field(json_schema_extra=TIME_FORMAT)
 
 
 class UsageEntry(CamelModel):
@@ -257,7 +257,7 @@ class UsageEntry(CamelModel):
     member: str
     band: int
     gpu_seconds: float = Field(ge=0)
-    at: str = Field(json_schema_extra=_TIME)
+    at: str = Field(json_schema_extra=TIME_FORMAT)
 
 
 class GpuLaneStatus(CamelModel):
@@ -269,7 +269,7 @@ class GpuLaneStatus(CamelModel):
     last_served: list[ServedClock] | None = None
     usage: list[UsageEntry] | None = None
     history: list[DispatchRecord] | None = None  # the lane's latest dispatches, at most HISTORY_LIMIT
-    conditions: Conditions | None = _CONDITIONS
+    conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None
 
 
@@ -299,138 +299,5 @@ class GpuPolicySpec(Policy):
 
 
 class GpuPolicyStatus(CamelModel):
-    conditions: Conditions | None = _CONDITIONS
+    conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None
-
-
-# -- what the CRD generator needs to know about each kind ---------------------------------------
-
-
-class PrinterColumn(CamelModel):
-    name: str
-    type: Literal["string", "integer", "number", "boolean", "date"]
-    json_path: str
-    priority: int = 0
-    description: str | None = None
-
-
-class Kind(CamelModel):
-    kind: str
-    plural: str
-    short_names: list[str]
-    scope: Literal["Namespaced", "Cluster"]
-    spec: type[CamelModel]
-    status: type[CamelModel]
-    columns: list[PrinterColumn] = Field(default_factory=list)
-    # CEL rules on the whole object (for example, which names are allowed).
-    rules: list[dict[str, str]] = Field(default_factory=list)
-    spec_required: bool = True
-
-
-def _written_once(field: str, *, requeue: bool) -> dict[str, str]:
-    """A status field that, once set, keeps its value: a dispatch happens once, to one lane and pod. With
-    ``requeue`` the field may go when a Dispatching job goes back to Pending (its load yielded)."""
-    kept = f"(has(self.status.{field}) && self.status.{field} == oldSelf.status.{field})"
-    if requeue:
-        back = "(has(self.status.phase) && self.status.phase == 'Pending' && has(oldSelf.status.phase) && "
-        kept = f"({kept} || {back}oldSelf.status.phase == 'Dispatching'))"
-    return {
-        "rule": f"!has(oldSelf.status) || !has(oldSelf.status.{field}) || (has(self.status) && {kept})",
-        "message": f"status.{field} is written once" + (" (a yielded load's requeue aside)" if requeue else ""),
-    }
-
-
-def _col(name: str, kind: str, path: str, priority: int = 0) -> PrinterColumn:
-    return PrinterColumn.model_validate({"name": name, "type": kind, "jsonPath": path, "priority": priority})
-
-
-KINDS: tuple[Kind, ...] = (
-    Kind(
-        kind="GpuJob",
-        plural="gpujobs",
-        short_names=["gj"],
-        scope="Namespaced",
-        spec=GpuJobSpec,
-        status=GpuJobStatus,
-        rules=[
-            # The field rule only sees changes of a set value; this one also refuses adding or removing it.
-            {"rule": "has(self.spec.member) == has(oldSelf.spec.member)", "message": "spec.member is immutable"},
-            {"rule": "has(self.spec.tier) == has(oldSelf.spec.tier)", "message": "spec.tier is immutable"},
-            # An ended job stays ended, whoever writes: a finished job turned Running would take a lane.
-            {
-                "rule": "!has(oldSelf.status) || !has(oldSelf.status.phase) || "
-                "!(oldSelf.status.phase in ['Succeeded', 'Failed', 'Cancelled']) || "
-                "(has(self.status) && has(self.status.phase) && self.status.phase == oldSelf.status.phase)",
-                "message": "status.phase is final once Succeeded, Failed or Cancelled",
-            },
-            *(_written_once(field, requeue=field != "endpoint") for field in ("lane", "endpoint", "dispatchedAt")),
-            _written_once("submittedAt", requeue=False),
-        ],
-        columns=[
-            _col("Phase", "string", ".status.phase"),
-            _col("Model", "string", ".spec.model"),
-            _col("Priority", "string", ".spec.priority"),
-            _col("Tier", "string", ".spec.tier"),
-            _col("Member", "string", ".spec.member"),
-            _col("Position", "integer", ".status.position"),
-            _col("Score", "number", ".status.score.total"),
-            _col("Waited", "string", ".status.waited"),
-            _col("Age", "date", ".metadata.creationTimestamp"),
-            _col("Lane", "string", ".status.lane", priority=1),
-            _col("Reason", "string", ".status.reason", priority=1),
-        ],
-    ),
-    Kind(
-        kind="GpuModel",
-        plural="gpumodels",
-        short_names=["gm"],
-        scope="Cluster",
-        spec=GpuModelSpec,
-        status=GpuModelStatus,
-        columns=[
-            _col("Image", "string", ".spec.image"),
-            # A model described by its template alone shows its serving container's image here (the first's).
-            _col("Template", "string", ".spec.template.spec.containers[0].image"),
-            _col("Accepted", "string", '.status.conditions[?(@.type=="Accepted")].status'),
-            _col("Concurrency", "integer", ".spec.maxConcurrency"),
-            _col("Load", "number", ".status.loadSeconds"),
-            _col("Run", "number", ".status.runSeconds"),
-            _col("Age", "date", ".metadata.creationTimestamp"),
-        ],
-    ),
-    Kind(
-        kind="GpuLane",
-        plural="gpulanes",
-        short_names=["gl"],
-        scope="Cluster",
-        spec=GpuLaneSpec,
-        status=GpuLaneStatus,
-        columns=[
-            _col("Node", "string", ".spec.nodeName"),
-            _col("Resident", "string", ".status.residentModel"),
-            _col("Ready", "boolean", ".status.ready"),
-            _col("Pod", "string", ".status.pod"),
-            _col("Age", "date", ".metadata.creationTimestamp"),
-        ],
-        rules=[
-            {
-                "rule": "has(self.spec.nodeName) != has(self.spec.nodeSelector)",
-                "message": "set exactly one of spec.nodeName and spec.nodeSelector",
-            }
-        ],
-    ),
-    Kind(
-        kind="GpuPolicy",
-        plural="gpupolicies",
-        short_names=["gp"],
-        scope="Cluster",
-        spec=GpuPolicySpec,
-        status=GpuPolicyStatus,
-        columns=[
-            _col("Accepted", "string", '.status.conditions[?(@.type=="Accepted")].status'),
-            _col("Age", "date", ".metadata.creationTimestamp"),
-        ],
-        rules=[{"rule": "self.metadata.name == 'default'", "message": "the one GpuPolicy must be named 'default'"}],
-        spec_required=False,
-    ),
-)

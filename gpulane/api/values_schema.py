@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpulane.api import crd
-from gpulane.api.resources import KINDS
+from gpulane.api.kinds import KINDS
 
 DEFAULT_FILE = Path("charts/gpulane/values.schema.json")
 GENERATED = {k.spec.__name__: k for k in KINDS if k.kind in ("GpuLane", "GpuModel", "GpuPolicy")}

@@ -11,6 +11,7 @@ import time
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from gpulane.api.chains import CHAIN_LABEL
 from gpulane.api.contract import Body
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
 from gpulane.core.policy import Policy
@@ -32,7 +33,7 @@ def queue_arguments(q: argparse.ArgumentParser) -> None:
 
 
 def why_arguments(w: argparse.ArgumentParser) -> None:
-    w.add_argument("job", help="NAME or NAMESPACE/NAME")
+    w.add_argument("job", help="NAME or NAMESPACE/NAME of a GpuJob, or of a GpuChain")
     w.add_argument("-n", "--namespace", default="default")
     w.add_argument("-o", "--output", choices=("text", "json"), default="text")
     _kubeconfig(w)
@@ -41,6 +42,12 @@ def why_arguments(w: argparse.ArgumentParser) -> None:
 def lanes_arguments(lanes: argparse.ArgumentParser) -> None:
     lanes.add_argument("-o", "--output", choices=("table", "json"), default="table")
     _kubeconfig(lanes)
+
+
+def chains_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("-n", "--namespace", help="one namespace (default: all)")
+    c.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    _kubeconfig(c)
 
 
 def load(args: argparse.Namespace) -> client.CustomObjectsApi:
@@ -59,6 +66,16 @@ def _items(api: client.CustomObjectsApi, plural: str, namespace: str | None = No
         listed = api.list_cluster_custom_object(GROUP, VERSION, plural)
     items: list[Body] = listed["items"]  # type: ignore[index]
     return items
+
+
+def _get(api: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> Body | None:
+    try:
+        body: Body = api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)  # type: ignore[assignment]
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return body
 
 
 def _models(api: client.CustomObjectsApi) -> dict[str, Body]:
@@ -86,25 +103,35 @@ def run_lanes(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_chains(args: argparse.Namespace) -> int:
+    api = load(args)
+    rows = report.chains(_items(api, "gpuchains", args.namespace), time.time())
+    print(json.dumps(rows, indent=1) if args.output == "json" else report.render_chains(rows))
+    return 0
+
+
 def run_why(args: argparse.Namespace) -> int:
     api = load(args)
     namespace, _, name = args.job.rpartition("/")
     namespace = namespace or args.namespace
-    try:
-        job = api.get_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", name)
-    except ApiException as err:
-        if err.status == 404:
-            print(f"error: no GpuJob {namespace}/{name}", file=sys.stderr)
-            return 1
-        raise
+    job, chain = _get(api, "gpujobs", namespace, name), None
+    if job is None and (chain := _get(api, "gpuchains", namespace, name)) is None:
+        print(f"error: no GpuJob or GpuChain {namespace}/{name}", file=sys.stderr)
+        return 1
     try:
         spec = api.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default").get("spec") or {}  # type: ignore[attr-defined]
         policy = GpuPolicySpec.model_validate(spec).scoring()
     except ApiException:
         policy = Policy()
-    lines = report.why(job, _items(api, "gpulanes"), policy, time.time())  # type: ignore[arg-type]
+    lanes, now = _items(api, "gpulanes"), time.time()
+    if chain is not None:
+        listed = api.list_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs",
+                                                   label_selector=f"{CHAIN_LABEL}={name}")  # fmt: skip
+        lines = report.why_chain(chain, listed["items"], lanes, policy, now)  # type: ignore[index]
+    else:
+        lines = report.why(job, lanes, policy, now)  # type: ignore[arg-type]
     print(
-        json.dumps({"job": f"{namespace}/{name}", "story": lines}, indent=1)
+        json.dumps({"job" if chain is None else "chain": f"{namespace}/{name}", "story": lines}, indent=1)
         if args.output == "json"
         else "\n".join(lines)
     )

@@ -1,4 +1,5 @@
-"""What ``gpulane queue``, ``gpulane lanes`` and ``gpulane why`` print, from the resources as plain dicts.
+"""What ``gpulane queue``, ``gpulane lanes``, ``gpulane chains`` and ``gpulane why`` print, from the resources
+as plain dicts.
 
 Everything here is pure: the command line reads the objects and hands them over, and the tests feed
 objects straight in.
@@ -288,4 +289,48 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
     if phase in ("Succeeded", "Failed", "Cancelled"):
         reason = f" ({status.get('reason')}: {status.get('message')})" if status.get("reason") else ""
         lines.append(f"It ended {phase} at {clock(parse_time(status.get('finishedAt')))}{reason}.")
+    return lines
+
+
+def chains(chain_objs: list[Body], now: float) -> list[Body]:
+    """One row per GpuChain: its progress, phase, current step and ETA."""
+    rows = []
+    for chain in sorted(chain_objs, key=_key):
+        status = chain.get("status") or {}
+        current, eta = status.get("current") or {}, parse_time(status.get("estimatedCompletion"))
+        rows.append({
+            "chain": _key(chain), "progress": status.get("progress") or "-", "phase": status.get("phase") or "-",
+            "current": current.get("job") or "-", "currentPhase": current.get("phase") or "-",
+            "position": current.get("position"), "gpuSeconds": status.get("gpuSeconds"),
+            "eta": status.get("estimatedCompletion"), "etaIn": None if eta is None else max(0.0, eta - now),
+        })  # fmt: skip
+    return rows
+
+
+def render_chains(rows: list[Body]) -> str:
+    headers = ("CHAIN", "PROGRESS", "PHASE", "CURRENT", "STEP PHASE", "POSITION", "GPU TIME", "ETA")
+    return table(headers, ((r["chain"], r["progress"], r["phase"], r["current"], r["currentPhase"],
+                            r["position"] or "-", duration(r["gpuSeconds"]),
+                            "-" if r["etaIn"] is None else f"in {duration(r['etaIn'])} ({r['eta']})")
+                           for r in rows))  # fmt: skip
+
+
+def why_chain(chain: Body, steps: list[Body], lane_objs: list[Body], policy: Policy, now: float) -> list[str]:
+    """A chain's story: how far it is and when it should end, what ran ahead of its latest steps, and the
+    story of its current (or last) step."""
+    status = chain.get("status") or {}
+    eta = parse_time(status.get("estimatedCompletion"))
+    end = "no estimated end." if eta is None else f"estimated end {clock(eta)} (in {duration(eta - now)})."
+    lines = [f"{_key(chain)} ({status.get('phase') or 'not started'}): {status.get('progress') or '0/?'} steps done, "
+             f"GPU time {duration(status.get('gpuSeconds'))}, {end}"]  # fmt: skip
+    if status.get("message"):
+        lines.append(f"{status['message']}.")
+    ordered = sorted(steps, key=lambda j: parse_time(j["metadata"].get("creationTimestamp")) or 0)
+    for step in ordered[-4:-1]:  # the latest ended steps: how much went ahead of each
+        story = (step.get("status") or {}).get("story") or {}
+        ahead = story.get("ranAheadTotal", 0)
+        lines.append(f"  {step['metadata']['name']}: {(step.get('status') or {}).get('phase') or 'Pending'}, "
+                     f"{ahead} job(s) dispatched ahead of it.")  # fmt: skip
+    if ordered:
+        lines += ["The latest step:", *(f"  {line}" for line in why(ordered[-1], lane_objs, policy, now))]
     return lines

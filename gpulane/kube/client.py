@@ -233,6 +233,13 @@ class Kube:
         )
         return body
 
+    async def patch_chain_status(self, namespace: str, name: str, patch: Patch) -> Body:
+        body: Body = await self._write(
+            "chain-status", self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
+            "gpuchains", name, patch,
+        )  # fmt: skip
+        return body
+
     async def patch_job(self, namespace: str, name: str, patch: Patch) -> Body:
         body: Body = await self._write(
             "job-metadata",

@@ -20,6 +20,7 @@ from gpulane.api.resources import GROUP, VERSION
 from gpulane.kube.client import Kube
 from gpulane.kube.login import credentials
 from gpulane.operator import health, leader
+from gpulane.operator.chains import Chains
 from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
@@ -40,6 +41,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
         memo.controller = Controller(kube, Settings(**memo.settings))
     ctl: Controller = memo.controller
+    if memo.get("chains") is None:
+        memo.chains = Chains(ctl.kube, ctl.clock, ctl.spawn, lambda model: ctl.dispatcher.models.get(model).run_seconds)
     if memo.get("health") is None:
         # A standby is ready too: it stands by, as it should (the leader's /readyz says the state is rebuilt).
         memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: _ready(ctl, memo))
@@ -97,6 +100,11 @@ def _ctl(memo: kopf.Memo) -> Controller:
     return ctl
 
 
+def _chains(memo: kopf.Memo) -> Chains:
+    chains: Chains = memo.chains
+    return chains
+
+
 def _body(event: kopf.RawEvent) -> Body:
     return cast(Body, event["object"])
 
@@ -104,6 +112,12 @@ def _body(event: kopf.RawEvent) -> Body:
 @kopf.on.event(GROUP, VERSION, "gpujobs")
 async def job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     _ctl(memo).job_event(event["type"], _body(event))
+    _chains(memo).job_event(event["type"], _body(event))  # a chain's step: its chain's progress
+
+
+@kopf.on.event(GROUP, VERSION, "gpuchains")
+async def chain_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    _chains(memo).chain_event(event["type"], _body(event))
 
 
 @kopf.on.event(GROUP, VERSION, "gpumodels")

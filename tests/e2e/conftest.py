@@ -29,7 +29,7 @@ from .support import REPO, Cluster, localcluster, wait_until
 
 from localdemo import release as demo  # isort: skip  (hack/, put on sys.path by .support)
 
-CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies")]
+CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies", "gpuchains")]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

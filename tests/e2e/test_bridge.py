@@ -104,8 +104,10 @@ def test_an_sdapi_call_and_an_upstream_call_are_queued_jobs_like_any_other(setup
     jobs = setup.all_succeeded()
     assert len(jobs) == 2 and {j["spec"]["priority"] for j in jobs} == {-50}
     assert headers["X-Gpulane-Job"] in {j["metadata"]["name"] for j in jobs}
-    # --upstream-ignore-path ^/stats$ (llama-swap's upstream.ignorePaths): the model is resident and Ready on
-    # its lane, so the call skips the queue: no job, no X-Gpulane-Job header.
+    # --upstream-ignore-path ^/stats$ (llama-swap's upstream.ignorePaths): once the lane's status says the model
+    # is resident and Ready, the call skips the queue: no job, no X-Gpulane-Job header.
+    wait_until(lambda: (s := setup.world.cluster_status("gpulanes", setup.lane)).get("ready")
+               and s.get("residentModel") == setup.model, what="the lane's status: the model resident")  # fmt: skip
     stats, headers = call("GET", f"/upstream/{setup.model}/stats")
     assert "per_model" in stats and "X-Gpulane-Job" not in headers
     assert len(setup.jobs()) == 2

@@ -12,7 +12,8 @@ import yaml
 from pydantic import BaseModel, Field
 
 from gpulane.api import crd
-from gpulane.api.resources import KINDS, PRIORITY_MESSAGE, PRIORITY_RULE, Kind
+from gpulane.api.kinds import KINDS, Kind
+from gpulane.api.resources import PRIORITY_MESSAGE, PRIORITY_RULE
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 RENDERED = crd.render_all()

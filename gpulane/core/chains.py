@@ -1,0 +1,156 @@
+"""A chain: the steps of one piece of work (a film's shots) run as ordinary jobs, a few at a time.
+
+The design note's answer to a long film is a producer that submits one shot at a time and submits the next
+when it ends, so that interactive work finds a gap between shots. A chain does that loop for the producer:
+``plan`` is its state machine. From the chain's rules and what became of its steps' jobs, it says which
+steps to create now and what the chain's status is. ``estimated_completion`` is the ETA. Both are pure:
+the operator feeds them the jobs it sees and writes what they return; the simulator measures the same ETA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+ChainPhase = Literal["Running", "Succeeded", "Failed", "Paused", "Suspended"]
+ENDED = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRules:
+    total: int  # steps
+    in_flight: int = 1  # steps queued or running at once
+    retries: int = 0  # a failed step is tried again this many times
+    exhausted: Literal["Fail", "Pause"] = "Fail"  # then the chain fails, or stops creating steps
+    suspend: bool = False  # no new steps while set
+
+
+@dataclass(frozen=True, slots=True)
+class StepJob:
+    """One attempt at one step, as its job says."""
+
+    index: int
+    attempt: int  # 0 for the first
+    name: str
+    phase: str | None = None  # None until the operator first writes it
+    started_at: float | None = None
+    finished_at: float | None = None
+    position: int | None = None
+    estimated_start: float | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED
+
+
+@dataclass(frozen=True, slots=True)
+class ChainPlan:
+    create: tuple[tuple[int, int], ...]  # (index, attempt) of the steps to create now
+    phase: ChainPhase
+    completed: int  # steps that succeeded
+    failed: int  # steps that failed with no attempt left
+    retried: int  # attempts that failed and were tried again
+    current: StepJob | None  # the earliest step not done yet: running, or waiting
+    gpu_seconds: float  # the steps' run time so far
+    message: str
+
+
+def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float) -> ChainPlan:
+    """What to create now, and the chain's status. Steps are created in order, at most ``in_flight`` at a
+    time: a step ends, the next is created. A step that failed (or was cancelled) is created again, as
+    its next attempt, while it has attempts left; a step whose job is gone altogether (deleted by hand)
+    is created again from scratch."""
+    latest: dict[int, StepJob] = {}
+    retried = 0
+    gpu = 0.0
+    for job in jobs:
+        if not 0 <= job.index < rules.total:
+            continue  # a step the spec no longer has (its total shrank)
+        if job.index not in latest or job.attempt > latest[job.index].attempt:
+            latest[job.index] = job
+        if job.started_at is not None:
+            gpu += max(0.0, (job.finished_at if job.finished_at is not None else now) - job.started_at)
+    for job in latest.values():
+        retried += job.attempt
+    done = sorted(i for i, j in latest.items() if j.phase == "Succeeded")
+    lost = sorted(i for i, j in latest.items() if j.phase in ("Failed", "Cancelled"))
+    failed = [i for i in lost if latest[i].attempt >= rules.retries]
+    again = [(i, latest[i].attempt + 1) for i in lost if latest[i].attempt < rules.retries]
+    active = [j for j in latest.values() if not j.ended]
+    waiting = sorted(active, key=lambda j: j.index)
+    current = waiting[0] if waiting else None
+    status = _Status(len(done), len(failed), retried, current, gpu)
+    if len(done) == rules.total:
+        return status.plan((), "Succeeded", f"all {rules.total} steps succeeded")
+    if failed:
+        step = failed[0]
+        why = f"step {step} failed after {latest[step].attempt + 1} attempt(s): {latest[step].name}"
+        if rules.exhausted == "Fail":
+            return status.plan((), "Failed", why)
+        return status.plan((), "Paused", f"{why}; no new step until the chain is changed")
+    if rules.suspend:
+        return status.plan((), "Suspended", "spec.suspend: no new step; the ones in flight go on")
+    unmade = (i for i in range(rules.total) if i not in latest)
+    room = max(0, rules.in_flight - len(active))
+    create = tuple([*again, *((i, 0) for i in unmade)][:room])
+    return status.plan(create, "Running", f"{len(done)} of {rules.total} steps done")
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    completed: int
+    failed: int
+    retried: int
+    current: StepJob | None
+    gpu_seconds: float
+
+    def plan(self, create: tuple[tuple[int, int], ...], phase: ChainPhase, message: str) -> ChainPlan:
+        return ChainPlan(create, phase, self.completed, self.failed, self.retried, self.current,
+                         self.gpu_seconds, message)  # fmt: skip
+
+
+def estimated_completion(rules: ChainRules, jobs: Iterable[StepJob], step_seconds: float, now: float) -> float | None:
+    """When the last step should end, or None for a chain that is over or stopped.
+
+    Once steps have ended, the chain's own pace says it best: the time from its first step's start to its
+    latest end, over the steps that ended, includes the gaps in which other work went ahead. Before that,
+    the current step's forecast start (or now) plus every step at the model's learned run time, ``in_flight``
+    at a time."""
+    steps = list(jobs)
+    latest: dict[int, StepJob] = {}
+    for job in steps:
+        if job.index not in latest or job.attempt > latest[job.index].attempt:
+            latest[job.index] = job
+    if plan(rules, steps, now).phase != "Running":
+        return None
+    done = [j for j in latest.values() if j.phase == "Succeeded"]
+    remaining = rules.total - len(done)
+    started = [j.started_at for j in steps if j.started_at is not None]
+    ends = [j.finished_at for j in done if j.finished_at is not None]
+    if done and started and ends:
+        pace = max(0.0, max(ends) - min(started)) / len(done)
+        return max(now, max(ends) + remaining * pace)
+    waiting = [j for j in latest.values() if not j.ended]
+    first = min((j.estimated_start or j.started_at or now for j in waiting), default=now)
+    return max(now, first) + math.ceil(remaining / max(1, rules.in_flight)) * step_seconds
+
+
+def step_name(chain: str, index: int, attempt: int) -> str:
+    """The job of a step's attempt: the chain's name, the step, and the attempt after the first."""
+    suffix = f"-{index}" if attempt == 0 else f"-{index}-r{attempt}"
+    return chain[: 253 - len(suffix)] + suffix
+
+
+def render(template: object, index: int, total: int) -> object:
+    """A step's request from the chain's template: in every string of it, ``{index}`` becomes the step's
+    index (from 0), ``{step}`` its number (from 1) and ``{total}`` the chain's steps. Nothing else in a
+    string changes, so JSON or prompts with braces pass as they are."""
+    if isinstance(template, str):
+        return template.replace("{index}", str(index)).replace("{step}", str(index + 1)).replace("{total}", str(total))
+    if isinstance(template, list):
+        return [render(item, index, total) for item in template]
+    if isinstance(template, dict):
+        return {key: render(value, index, total) for key, value in template.items()}
+    return template

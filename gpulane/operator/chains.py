@@ -1,0 +1,191 @@
+"""GpuChains on the cluster: each step is an ordinary GpuJob the operator creates, owned by its chain and
+labelled with its index, so it goes through the same admission, queue and executor as any job. The next
+step is created when one ends, never before. The state machine and the ETA are the core's
+(``gpulane/core/chains.py``); this room feeds them the chain and its steps' jobs, creates what they say
+and writes the chain's status and Events (docs/chains.md).
+
+Deleting a chain deletes its steps through their owner reference: a queued one leaves the queue, a running
+one is cancelled, as any deleted job is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpulane.api.chains import ATTEMPT_LABEL, CHAIN_LABEL, STEP_LABEL, ChainStep, GpuChainSpec, GpuChainStatus
+from gpulane.api.contract import FINALIZER, Body
+from gpulane.api.resources import API_VERSION
+from gpulane.api.times import format_time, parse_time
+from gpulane.core.chains import ChainRules, StepJob, estimated_completion, plan, step_name
+from gpulane.core.validation import describe
+from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.operator.translate import condition, merge_condition
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, chain)
+
+
+def step_of(body: Body) -> tuple[Key, StepJob] | None:
+    """The chain and step a job belongs to, from its labels; None for a job of no chain."""
+    meta = body.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    chain, index, attempt = labels.get(CHAIN_LABEL), str(labels.get(STEP_LABEL)), str(labels.get(ATTEMPT_LABEL, "0"))
+    if not chain or not index.isdigit() or not attempt.isdigit():
+        return None
+    status = body.get("status") or {}
+    step = StepJob(
+        index=int(index),
+        attempt=int(attempt),
+        name=meta["name"],
+        phase=status.get("phase"),
+        started_at=parse_time(status.get("startedAt")),
+        finished_at=parse_time(status.get("finishedAt")),
+        position=status.get("position"),
+        estimated_start=parse_time(status.get("estimatedStart")),
+    )
+    return (meta["namespace"], chain), step
+
+
+def rules_of(spec: GpuChainSpec) -> ChainRules:
+    return ChainRules(spec.total, spec.in_flight, spec.on_failure.retries, spec.on_failure.then, spec.suspend)
+
+
+def step_manifest(chain: Body, spec: GpuChainSpec, index: int, attempt: int) -> Body:
+    """Step ``index``'s job for its ``attempt``: the chain's job fields, its request, owned by the chain."""
+    meta = chain["metadata"]
+    shared = {"tier": spec.tier, "member": spec.member, "maxRunSeconds": spec.max_run_seconds,
+              "expectedRunSeconds": spec.expected_run_seconds, "request": spec.request(index)}  # fmt: skip
+    job_spec: Body = {"model": spec.model, "priority": spec.priority}
+    job_spec.update((field, value) for field, value in shared.items() if value is not None)
+    owner = {"apiVersion": API_VERSION, "kind": "GpuChain", "name": meta["name"], "uid": meta["uid"],
+             "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    labels = {CHAIN_LABEL: meta["name"], STEP_LABEL: str(index), ATTEMPT_LABEL: str(attempt)}
+    job_meta = {"name": step_name(meta["name"], index, attempt), "namespace": meta["namespace"], "labels": labels,
+                "ownerReferences": [owner], "finalizers": [FINALIZER]}  # fmt: skip
+    return {"apiVersion": API_VERSION, "kind": "GpuJob", "metadata": job_meta, "spec": job_spec}
+
+
+class Chains:
+    def __init__(self, kube: Kube, clock: Callable[[], float], spawn: Callable[[Coroutine[Any, Any, Any]], None],
+                 run_seconds: Callable[[str], float]) -> None:  # fmt: skip
+        self.kube = kube
+        self.clock = clock
+        self.spawn = spawn
+        self.run_seconds = run_seconds  # a model's learned run time: a step's, for the ETA
+        self.chains: dict[Key, Body] = {}
+        self.steps: dict[Key, dict[str, StepJob]] = {}
+        self._locks: dict[Key, asyncio.Lock] = {}
+        self._written: dict[Key, Body] = {}  # the last status written, to write only changes
+
+    def chain_event(self, kind: str | None, body: Body) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            self.chains.pop(key, None)
+            self.steps.pop(key, None)
+            self._locks.pop(key, None)
+            self._written.pop(key, None)
+            return
+        known = self.chains.get(key)
+        self.chains[key] = body
+        if known is None or known["metadata"].get("generation") != meta.get("generation"):
+            self.spawn(self.reconcile(key))  # new, or its spec changed; not for its status (our own writes)
+
+    def job_event(self, kind: str | None, body: Body) -> None:
+        found = step_of(body)
+        if found is None:
+            return
+        key, step = found
+        if kind == "DELETED":
+            self.steps.get(key, {}).pop(step.name, None)
+        else:
+            steps = self.steps.setdefault(key, {})
+            ended = step.ended and not (steps.get(step.name) and steps[step.name].ended)
+            steps[step.name] = step
+            if ended and key in self.chains:
+                self.spawn(self._step_ended(key, body, step))
+        if key in self.chains:
+            self.spawn(self.reconcile(key))
+
+    async def reconcile(self, key: Key) -> None:
+        """Create the steps the state machine asks for, then write the chain's status if it changed."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            chain = self.chains.get(key)
+            if chain is None:
+                return
+            try:
+                spec = GpuChainSpec.model_validate(chain.get("spec") or {})
+            except ValidationError as err:  # the CRD's schema refuses it first; an old object may still be there
+                await self._write_status(key, chain, {"phase": "Failed", "message": describe(err, "spec")})
+                return
+            rules, now = rules_of(spec), self.clock()
+            steps = self.steps.setdefault(key, {})
+            decided = plan(rules, steps.values(), now)
+            for index, attempt in decided.create:
+                manifest = step_manifest(chain, spec, index, attempt)
+                name = manifest["metadata"]["name"]
+                try:
+                    await self.kube.create_job(manifest)
+                except Conflict:
+                    pass  # created before: its watch event is on its way
+                except Exception as err:  # refused (admission, quota): said on the chain, tried at its next event
+                    log.warning("chain %s/%s: creating step %d failed: %s", *key, index, err)
+                    await self._write_status(key, chain, {"message": f"creating step {index} failed: {err}"[:1024]})
+                    return
+                steps.setdefault(name, StepJob(index, attempt, name))
+                decided = plan(rules, steps.values(), now)
+            eta = estimated_completion(rules, steps.values(), spec.expected_run_seconds or self.run_seconds(spec.model),
+                                       now)  # fmt: skip
+            current = decided.current
+            step = None
+            if current is not None:
+                step = ChainStep(index=current.index, attempt=current.attempt, job=current.name, phase=current.phase,
+                                 position=current.position)  # fmt: skip
+            status = GpuChainStatus(
+                phase=decided.phase,
+                progress=f"{decided.completed}/{rules.total}",
+                total=rules.total,
+                completed=decided.completed,
+                failed=decided.failed,
+                retried=decided.retried,
+                current=step,
+                gpu_seconds=round(decided.gpu_seconds, 1),
+                estimated_completion=None if eta is None else format_time(round(eta)),  # no churn in ms
+                message=decided.message,
+            ).model_dump(by_alias=True, exclude_none=True)
+            if status.get("current") is None:
+                status["current"] = None  # a merge patch removes the one written before
+            cond = condition("Progressing", decided.phase == "Running", decided.phase, decided.message, now,
+                             chain["metadata"].get("generation"))  # fmt: skip
+            status["conditions"] = merge_condition((chain.get("status") or {}).get("conditions"), cond)
+            status["observedGeneration"] = chain["metadata"].get("generation")
+            await self._write_status(key, chain, status)
+
+    async def _write_status(self, key: Key, chain: Body, status: Body) -> None:
+        if self._written.get(key) == status:
+            return
+        try:
+            await self.kube.patch_chain_status(key[0], key[1], {"status": status})
+        except Gone:
+            return
+        self._written[key] = status
+
+    async def _step_ended(self, key: Key, job: Body, step: StepJob) -> None:
+        """An Event on the chain for each step's end, as on a job."""
+        chain = self.chains.get(key)
+        if chain is None:
+            return
+        status = job.get("status") or {}
+        reason = "StepSucceeded" if step.phase == "Succeeded" else "StepFailed"
+        message = f"step {step.index} (job {step.name}, attempt {step.attempt + 1}) {str(step.phase).lower()}"
+        if status.get("reason"):
+            message += f": {status['reason']}"
+        ref = {"apiVersion": API_VERSION, "kind": "GpuChain", "metadata": chain["metadata"]}
+        await self.kube.event(ref, reason, message, warning=step.phase != "Succeeded", now=self.clock())
