@@ -85,5 +85,5 @@ def test_a_ten_step_chain_runs_one_step_at_a_time_and_lets_an_interactive_job_th
 
 
 def test_the_example_chain_is_a_valid_gpuchain(world: World) -> None:
-    out = world.cluster.kubectl("apply", "--dry-run=server", "-f", str(REPO / "examples" / "04-film-chain.yaml"))
+    out = world.cluster.kubectl("apply", "--dry-run=server", "-f", str(REPO / "examples" / "chains" / "film.yaml"))
     assert "gpuchain.gpulane.io/film created (server dry run)" in out.stdout
