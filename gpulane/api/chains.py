@@ -109,6 +109,8 @@ class GpuChainStatus(CamelModel):
     progress: str | None = None  # "37/174": steps done of all
     total: int | None = None
     completed: int | None = None
+    # The steps that succeeded, as ranges ("0-36,38"): never made again, whatever became of their jobs.
+    succeeded_steps: str | None = Field(default=None, max_length=100_000)
     failed: int | None = None
     retried: int | None = None
     current: ChainStep | None = None

@@ -49,6 +49,7 @@ class StepJob:
 class ChainPlan:
     create: tuple[tuple[int, int], ...]  # (index, attempt) of the steps to create now
     phase: ChainPhase
+    succeeded: frozenset[int]  # the steps that succeeded: kept on the chain, as their jobs may go
     completed: int  # steps that succeeded
     failed: int  # steps that failed with no attempt left
     retried: int  # attempts that failed and were tried again
@@ -57,11 +58,12 @@ class ChainPlan:
     message: str
 
 
-def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float) -> ChainPlan:
+def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iterable[int] = ()) -> ChainPlan:
     """What to create now, and the chain's status. Steps are created in order, at most ``in_flight`` at a
     time: a step ends, the next is created. A step that failed (or was cancelled) is created again, as
-    its next attempt, while it has attempts left; a step whose job is gone altogether (deleted by hand)
-    is created again from scratch."""
+    its next attempt, while it has attempts left. ``succeeded`` are the steps the chain's status says
+    succeeded: they are never made again, whatever became of their jobs (deleted after their TTL, or by
+    hand). Any other step whose job is gone is created again from scratch."""
     latest: dict[int, StepJob] = {}
     retried = 0
     gpu = 0.0
@@ -74,14 +76,15 @@ def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float) -> ChainPlan:
             gpu += max(0.0, (job.finished_at if job.finished_at is not None else now) - job.started_at)
     for job in latest.values():
         retried += job.attempt
-    done = sorted(i for i, j in latest.items() if j.phase == "Succeeded")
-    lost = sorted(i for i, j in latest.items() if j.phase in ("Failed", "Cancelled"))
+    done = {i for i, j in latest.items() if j.phase == "Succeeded"}
+    done |= {i for i in succeeded if 0 <= i < rules.total}
+    lost = sorted(i for i, j in latest.items() if j.phase in ("Failed", "Cancelled") and i not in done)
     failed = [i for i in lost if latest[i].attempt >= rules.retries]
     again = [(i, latest[i].attempt + 1) for i in lost if latest[i].attempt < rules.retries]
-    active = [j for j in latest.values() if not j.ended]
+    active = [j for j in latest.values() if not j.ended and j.index not in done]
     waiting = sorted(active, key=lambda j: j.index)
     current = waiting[0] if waiting else None
-    status = _Status(len(done), len(failed), retried, current, gpu)
+    status = _Status(frozenset(done), len(failed), retried, current, gpu)
     if len(done) == rules.total:
         return status.plan((), "Succeeded", f"all {rules.total} steps succeeded")
     if failed:
@@ -92,7 +95,7 @@ def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float) -> ChainPlan:
         return status.plan((), "Paused", f"{why}; no new step until the chain is changed")
     if rules.suspend:
         return status.plan((), "Suspended", "spec.suspend: no new step; the ones in flight go on")
-    unmade = (i for i in range(rules.total) if i not in latest)
+    unmade = (i for i in range(rules.total) if i not in latest and i not in done)
     room = max(0, rules.in_flight - len(active))
     create = tuple([*again, *((i, 0) for i in unmade)][:room])
     return status.plan(create, "Running", f"{len(done)} of {rules.total} steps done")
@@ -100,33 +103,36 @@ def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float) -> ChainPlan:
 
 @dataclass(frozen=True, slots=True)
 class _Status:
-    completed: int
+    succeeded: frozenset[int]
     failed: int
     retried: int
     current: StepJob | None
     gpu_seconds: float
 
     def plan(self, create: tuple[tuple[int, int], ...], phase: ChainPhase, message: str) -> ChainPlan:
-        return ChainPlan(create, phase, self.completed, self.failed, self.retried, self.current,
-                         self.gpu_seconds, message)  # fmt: skip
+        return ChainPlan(create, phase, self.succeeded, len(self.succeeded), self.failed, self.retried,
+                         self.current, self.gpu_seconds, message)  # fmt: skip
 
 
-def estimated_completion(rules: ChainRules, jobs: Iterable[StepJob], step_seconds: float, now: float) -> float | None:
+def estimated_completion(
+    rules: ChainRules, jobs: Iterable[StepJob], step_seconds: float, now: float, succeeded: Iterable[int] = ()
+) -> float | None:
     """When the last step should end, or None for a chain that is over or stopped.
 
     Once steps have ended, the chain's own pace says it best: the time from its first step's start to its
     latest end, over the steps that ended, includes the gaps in which other work went ahead. Before that,
     the current step's forecast start (or now) plus every step at the model's learned run time, ``in_flight``
-    at a time."""
+    at a time. ``succeeded`` as for ``plan``; the pace is taken from the jobs still there."""
     steps = list(jobs)
     latest: dict[int, StepJob] = {}
     for job in steps:
         if job.index not in latest or job.attempt > latest[job.index].attempt:
             latest[job.index] = job
-    if plan(rules, steps, now).phase != "Running":
+    decided = plan(rules, steps, now, succeeded)
+    if decided.phase != "Running":
         return None
     done = [j for j in latest.values() if j.phase == "Succeeded"]
-    remaining = rules.total - len(done)
+    remaining = rules.total - decided.completed
     started = [j.started_at for j in steps if j.started_at is not None]
     ends = [j.finished_at for j in done if j.finished_at is not None]
     if done and started and ends:
@@ -141,6 +147,28 @@ def step_name(chain: str, index: int, attempt: int) -> str:
     """The job of a step's attempt: the chain's name, the step, and the attempt after the first."""
     suffix = f"-{index}" if attempt == 0 else f"-{index}-r{attempt}"
     return chain[: 253 - len(suffix)] + suffix
+
+
+def format_steps(indices: Iterable[int]) -> str:
+    """Step indices as ranges, ``0-36,38``: a long chain's succeeded steps in a few characters."""
+    out: list[str] = []
+    for i in sorted(set(indices)):
+        if out and out[-1].rpartition("-")[2].isdigit() and int(out[-1].rpartition("-")[2]) == i - 1:
+            first = out[-1].partition("-")[0]
+            out[-1] = f"{first}-{i}"
+        else:
+            out.append(str(i))
+    return ",".join(out)
+
+
+def parse_steps(text: str | None, total: int) -> frozenset[int]:
+    """``format_steps``' ranges back into indices below ``total``; a malformed part is skipped."""
+    found: set[int] = set()
+    for part in (text or "").split(","):
+        first, dash, last = part.strip().partition("-")
+        if first.isdigit() and (not dash or last.isdigit()):
+            found.update(range(int(first), min(int(last or first), total - 1) + 1))
+    return frozenset(found)
 
 
 def render(template: object, index: int, total: int) -> object:

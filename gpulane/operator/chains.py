@@ -21,7 +21,15 @@ from gpulane.api.chains import ATTEMPT_LABEL, CHAIN_LABEL, STEP_LABEL, ChainStep
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION
 from gpulane.api.times import format_time, parse_time
-from gpulane.core.chains import ChainRules, StepJob, estimated_completion, plan, step_name
+from gpulane.core.chains import (
+    ChainRules,
+    StepJob,
+    estimated_completion,
+    format_steps,
+    parse_steps,
+    plan,
+    step_name,
+)
 from gpulane.core.validation import describe
 from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.translate import condition, merge_condition
@@ -127,7 +135,9 @@ class Chains:
                 return
             rules, now = rules_of(spec), self.clock()
             steps = self.steps.setdefault(key, {})
-            decided = plan(rules, steps.values(), now)
+            before = chain.get("status") or {}
+            succeeded = parse_steps(before.get("succeededSteps"), rules.total)
+            decided = plan(rules, steps.values(), now, succeeded)
             for index, attempt in decided.create:
                 manifest = step_manifest(chain, spec, index, attempt)
                 name = manifest["metadata"]["name"]
@@ -140,9 +150,9 @@ class Chains:
                     await self._write_status(key, chain, {"message": f"creating step {index} failed: {err}"[:1024]})
                     return
                 steps.setdefault(name, StepJob(index, attempt, name))
-                decided = plan(rules, steps.values(), now)
-            eta = estimated_completion(rules, steps.values(), spec.expected_run_seconds or self.run_seconds(spec.model),
-                                       now)  # fmt: skip
+                decided = plan(rules, steps.values(), now, succeeded)
+            step_seconds = spec.expected_run_seconds or self.run_seconds(spec.model)
+            eta = estimated_completion(rules, steps.values(), step_seconds, now, succeeded)
             current = decided.current
             step = None
             if current is not None:
@@ -153,10 +163,12 @@ class Chains:
                 progress=f"{decided.completed}/{rules.total}",
                 total=rules.total,
                 completed=decided.completed,
+                succeeded_steps=format_steps(decided.succeeded) or None,
                 failed=decided.failed,
                 retried=decided.retried,
                 current=step,
-                gpu_seconds=round(decided.gpu_seconds, 1),
+                # Jobs of ended steps may be gone (their TTL): the time they took is not.
+                gpu_seconds=round(max(decided.gpu_seconds, float(before.get("gpuSeconds") or 0)), 1),
                 estimated_completion=None if eta is None else format_time(round(eta)),  # no churn in ms
                 message=decided.message,
             ).model_dump(by_alias=True, exclude_none=True)
@@ -164,7 +176,7 @@ class Chains:
                 status["current"] = None  # a merge patch removes the one written before
             cond = condition("Progressing", decided.phase == "Running", decided.phase, decided.message, now,
                              chain["metadata"].get("generation"))  # fmt: skip
-            status["conditions"] = merge_condition((chain.get("status") or {}).get("conditions"), cond)
+            status["conditions"] = merge_condition(before.get("conditions"), cond)
             status["observedGeneration"] = chain["metadata"].get("generation")
             await self._write_status(key, chain, status)
 

@@ -8,7 +8,16 @@ from pydantic import ValidationError
 
 from gpulane.api.chains import ATTEMPT_LABEL, CHAIN_LABEL, STEP_LABEL, STEPS_MESSAGE, TEMPLATE_MESSAGE, GpuChainSpec
 from gpulane.api.contract import FINALIZER
-from gpulane.core.chains import ChainRules, StepJob, estimated_completion, plan, render, step_name
+from gpulane.core.chains import (
+    ChainRules,
+    StepJob,
+    estimated_completion,
+    format_steps,
+    parse_steps,
+    plan,
+    render,
+    step_name,
+)
 from gpulane.core.policy import Policy
 from gpulane.explain import report
 from gpulane.operator.chains import step_manifest, step_of
@@ -142,3 +151,23 @@ def test_the_chains_table_and_a_chains_story() -> None:
     assert lines[0].startswith("studio/film (Running): 2/10 steps done") and "estimated end 12:00:00" in lines[0]
     assert "  film-1: Succeeded, 1 job(s) dispatched ahead of it." in lines
     assert lines[lines.index("The latest step:") + 1].startswith("  studio/film-2")
+
+
+def test_a_succeeded_step_is_never_made_again_when_its_job_is_gone() -> None:
+    """Its job deleted after its TTL, or by hand: the chain's status remembers it succeeded."""
+    rules = ChainRules(total=4)
+    gone = plan(rules, [job(2, "Running", started_at=5)], 9, succeeded={0, 1})
+    assert gone.create == () and gone.completed == 2 and gone.succeeded == {0, 1}
+    after = plan(rules, [job(2, "Succeeded", started_at=5, finished_at=8)], 9, succeeded={0, 1})
+    assert after.create == ((3, 0),) and after.succeeded == {0, 1, 2}
+    assert plan(rules, [], 9, succeeded={0, 1, 2, 3, 7}).phase == "Succeeded", "an index past the total is ignored"
+    eta = estimated_completion(rules, [job(2, "Succeeded", started_at=5, finished_at=8)], 60, 9, succeeded={0, 1})
+    assert eta == 8 + 1 * 3, "one step left, at the pace of the jobs still there"
+
+
+def test_succeeded_steps_are_kept_as_ranges() -> None:
+    assert format_steps([5, 0, 1, 2, 3, 7, 8, 10]) == "0-3,5,7-8,10"
+    assert format_steps([]) == ""
+    assert parse_steps("0-3,5,7-8,10", total=9) == {0, 1, 2, 3, 5, 7, 8}
+    assert parse_steps("x,3-,-2,4", total=9) == {4}, "malformed parts are skipped"
+    assert parse_steps(None, total=3) == frozenset()
