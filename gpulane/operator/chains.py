@@ -114,7 +114,8 @@ class Chains:
             self.steps.get(key, {}).pop(step.name, None)
         else:
             steps = self.steps.setdefault(key, {})
-            ended = step.ended and not (steps.get(step.name) and steps[step.name].ended)
+            # An end seen happen: not one the first list shows (a restart would post them all again).
+            ended = kind is not None and step.ended and not (steps.get(step.name) and steps[step.name].ended)
             steps[step.name] = step
             if ended and key in self.chains:
                 self.spawn(self._step_ended(key, body, step))

@@ -244,6 +244,17 @@ class FakeKube:
         self.calls.append(Call("check_pod", f"pods/{self.namespace}", copy.deepcopy(manifest)))
         return self.refuse.get(manifest["spec"]["containers"][0].get("image", ""))
 
+    async def create_job(self, manifest: Body) -> Body:
+        meta = manifest["metadata"]
+        target = f"gpujobs/{meta['namespace']}/{meta['name']}"
+        self._write("job-create", "create_job", target, manifest)
+        if target in self.objects:
+            raise Conflict(f"409: {target} already exists")
+        return self.put("gpujobs", copy.deepcopy(manifest))
+
+    async def patch_chain_status(self, namespace: str, name: str, patch: Body) -> Body:
+        return self._patch("chain-status", "patch_chain_status", f"gpuchains/{namespace}/{name}", patch)
+
     async def create_pod(self, manifest: Body) -> Body:
         target = f"pods/{self.namespace}/{manifest['metadata']['name']}"
         self._write("pod-create", "create_pod", target, manifest)

@@ -1,0 +1,92 @@
+"""Unit tests of gpulane/operator/chains.py against the in-memory Kube of test_operator_controller.py:
+steps created one at a time, the status written, an Event per step's end, and none again after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpulane.operator.chains import Chains
+
+from .test_operator_controller import NS, Clock, FakeKube
+
+Body = dict[str, Any]
+
+
+class World:
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.kube = FakeKube(self.clock)
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.chains = self.restarted()
+
+    def restarted(self) -> Chains:
+        return Chains(self.kube, self.clock, lambda c: self.tasks.append(asyncio.ensure_future(c)),  # type: ignore[arg-type]
+                      run_seconds=lambda model: 60.0)  # fmt: skip
+
+    async def settle(self) -> None:
+        while self.tasks:
+            await self.tasks.pop(0)
+
+    def chain(self, **spec: Any) -> Body:
+        return self.kube.put("gpuchains", {"metadata": {"name": "film", "namespace": NS},
+                                           "spec": {"model": "m", "priority": "batch", **spec}})  # fmt: skip
+
+    def status(self) -> Body:
+        return self.kube.get(f"gpuchains/{NS}/film").get("status") or {}
+
+    def step_ends(self, name: str, phase: str = "Succeeded") -> Body:
+        status = {"phase": phase, "startedAt": "2024-05-01T12:00:00Z", "finishedAt": "2024-05-01T12:04:00Z"}
+        return self.kube.update(f"gpujobs/{NS}/{name}", {"status": status})
+
+    def events(self) -> list[Any]:
+        return [c.body["reason"] for c in self.kube.calls_of("event")]
+
+
+def test_steps_are_created_one_at_a_time_with_the_status_and_an_event_per_end() -> None:
+    async def scenario() -> None:
+        w = World()
+        w.chains.chain_event("ADDED", w.chain(count=3))
+        await w.settle()
+        assert [c.target for c in w.kube.calls_of("create_job")] == [f"gpujobs/{NS}/film-0"]
+        step = w.kube.job("film-0")
+        assert step["metadata"]["labels"]["gpulane.io/chain"] == "film" and step["spec"]["priority"] == "batch"
+        assert w.status()["progress"] == "0/3" and w.status()["current"]["job"] == "film-0"
+        w.chains.job_event("ADDED", step)
+        await w.settle()
+        w.chains.job_event("MODIFIED", w.step_ends("film-0"))
+        await w.settle()
+        assert [c.target for c in w.kube.calls_of("create_job")][-1] == f"gpujobs/{NS}/film-1"
+        assert w.events() == ["StepSucceeded"]
+        status = w.status()
+        assert (status["progress"], status["succeededSteps"], status["gpuSeconds"]) == ("1/3", "0", 240.0)
+        assert status["estimatedCompletion"], status
+
+        # A restart: the first list shows the chain and its ended step again; no Event is posted again,
+        # and no step is created twice.
+        w.kube.calls.clear()
+        w.chains = w.restarted()
+        w.chains.chain_event(None, w.kube.get(f"gpuchains/{NS}/film"))
+        w.chains.job_event(None, w.kube.job("film-0"))
+        w.chains.job_event(None, w.kube.job("film-1"))
+        await w.settle()
+        assert w.events() == [], "no Event for an end the first list shows"
+        assert {c.target for c in w.kube.calls_of("create_job")} <= {f"gpujobs/{NS}/film-1"}, "made before: a 409"
+
+    asyncio.run(scenario())
+
+
+def test_a_chain_deleted_forgets_its_steps_and_a_status_write_is_no_reason_to_reconcile() -> None:
+    async def scenario() -> None:
+        w = World()
+        body = w.chain(count=2)
+        w.chains.chain_event("ADDED", body)
+        await w.settle()
+        writes = len(w.kube.calls_of("patch_chain_status"))
+        w.chains.chain_event("MODIFIED", w.kube.get(f"gpuchains/{NS}/film"))  # our own status write, same generation
+        await w.settle()
+        assert len(w.kube.calls_of("patch_chain_status")) == writes
+        w.chains.chain_event("DELETED", body)
+        assert ("team-a", "film") not in w.chains.chains and ("team-a", "film") not in w.chains.steps
+
+    asyncio.run(scenario())
