@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from gpulane.admission.configuration import SPEC_CHANGED, STATUS_CHANGED
+from gpulane.admission.configuration import ADMITTED, SPEC_CHANGED, STATUS_CHANGED, not_a_chain_step
 from gpulane.admission.review import OUTCOME_FIELDS, OUTCOME_PHASES, QUEUE_FIELDS, REQUEST_FIELDS
 from gpulane.admission.rules import SERVICE_ACCOUNT_PREFIX
 from gpulane.api.admission import AdmissionPolicy, Rule, Subjects
@@ -216,16 +216,16 @@ def job_defaults() -> dict[str, Any]:
         "failurePolicy": "Fail",
         "reinvocationPolicy": "Never",
         "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPolicy"},
-        "matchConstraints": _match(["CREATE"], "gpujobs"),
+        "matchConstraints": _match(["CREATE"], *ADMITTED),
         "variables": _variables(VARIABLES),
         "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": expression}}],
     }
 
 
-def _match(operations: list[str], resource: str) -> dict[str, Any]:
+def _match(operations: list[str], *resources: str) -> dict[str, Any]:
     return {
         "resourceRules": [
-            {"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": operations, "resources": [resource]}
+            {"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": operations, "resources": list(resources)}
         ]
     }
 
@@ -252,7 +252,7 @@ def job_rules() -> dict[str, Any]:
     return {
         "failurePolicy": "Fail",
         "paramKind": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPolicy"},
-        "matchConstraints": _match(["CREATE", "UPDATE"], "gpujobs"),
+        "matchConstraints": _match(["CREATE", "UPDATE"], *ADMITTED),
         "matchConditions": [SPEC_CHANGED],
         "variables": _variables(VARIABLES + REQUEST_VARIABLES),
         "validations": [
@@ -430,6 +430,8 @@ def manifests(
         kind = "MutatingAdmissionPolicy" if key == "job-defaults" else "ValidatingAdmissionPolicy"
         if key == "status-outcomes":
             spec = {**spec, "matchConditions": [*spec["matchConditions"], not_by(operators)]}
+        if key in ("job-defaults", "job-rules"):
+            spec = {**spec, "matchConditions": [*spec.get("matchConditions", []), not_a_chain_step(operators)]}
         binding: dict[str, Any] = {"policyName": f"{name}-{key}"}
         if "paramKind" in spec:
             binding["paramRef"] = param

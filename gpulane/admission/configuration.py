@@ -12,12 +12,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gpulane.api.chains import CHAIN_LABEL
 from gpulane.api.resources import GROUP, VERSION
 
 NAME = "gpulane"
 # The webhook's handler ids, which kopf serves as URL paths.
 MUTATE_JOB = "gpujob-defaults"
 VALIDATE_JOB = "gpujob-validate"
+MUTATE_CHAIN = "gpuchain-defaults"
+VALIDATE_CHAIN = "gpuchain-validate"
+# What admission caps and defaults: GpuJobs, and GpuChains (whose steps the operator creates as jobs).
+ADMITTED = ("gpujobs", "gpuchains")
 VALIDATE_POLICY = "gpupolicy-validate"
 VALIDATE_STATUS = "gpujob-status-validate"
 
@@ -82,9 +87,21 @@ STATUS_CHANGED = {
 }
 
 
+def _names(operators: Sequence[str]) -> str:
+    return "[" + ", ".join(json.dumps(user) for user in operators) + "]"
+
+
 def _not_by(operators: Sequence[str]) -> dict[str, str]:
-    names = ", ".join(json.dumps(user) for user in operators)
-    return {"name": "not-the-operator", "expression": f"!(request.userInfo.username in [{names}])"}
+    return {"name": "not-the-operator", "expression": f"!(request.userInfo.username in {_names(operators)})"}
+
+
+def not_a_chain_step(operators: Sequence[str]) -> dict[str, str]:
+    """The job hooks' and policies' match condition that lets the operator create a GpuChain's steps as they
+    are: the chain was admitted under its author's identity, and its steps carry what admission made of it.
+    Only the operator's identity passes: a label anyone can write is not enough."""
+    labels = "object.metadata.labels"
+    expression = f"!(request.userInfo.username in {_names(operators)} && has({labels}) && '{CHAIN_LABEL}' in {labels})"
+    return {"name": "not-a-chain-step", "expression": expression}
 
 
 def webhook_configurations(
@@ -104,16 +121,24 @@ def webhook_configurations(
     def cc(path: str) -> dict[str, Any]:
         return _client_config(path, url=url, service=service, ca_pem=ca_pem)
 
+    mutate_job = _webhook(MUTATE_JOB, "gpujobs", ["CREATE"], "Namespaced", cc(MUTATE_JOB), namespace_selector)
+    mutate_chain = _webhook(MUTATE_CHAIN, "gpuchains", ["CREATE"], "Namespaced", cc(MUTATE_CHAIN), namespace_selector)
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [_webhook(MUTATE_JOB, "gpujobs", ["CREATE"], "Namespaced", cc(MUTATE_JOB), namespace_selector)],
+        "webhooks": [mutate_job, mutate_chain],
     }
     validate_job = _webhook(VALIDATE_JOB, "gpujobs", ["CREATE", "UPDATE"], "Namespaced", cc(VALIDATE_JOB),
                             namespace_selector)  # fmt: skip
     validate_job["matchConditions"] = [SPEC_CHANGED]
-    hooks = [validate_job]
+    if operators:
+        mutate_job["matchConditions"] = [not_a_chain_step(operators)]
+        validate_job["matchConditions"].append(not_a_chain_step(operators))
+    validate_chain = _webhook(VALIDATE_CHAIN, "gpuchains", ["CREATE", "UPDATE"], "Namespaced", cc(VALIDATE_CHAIN),
+                              namespace_selector)  # fmt: skip
+    validate_chain["matchConditions"] = [SPEC_CHANGED]
+    hooks = [validate_job, validate_chain]
     if operators:
         validate_status = _webhook(VALIDATE_STATUS, "gpujobs/status", ["UPDATE"], "Namespaced", cc(VALIDATE_STATUS),
                                    namespace_selector)  # fmt: skip

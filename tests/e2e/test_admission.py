@@ -20,7 +20,7 @@ import yaml
 from gpulane.admission import cel
 from gpulane.admission.configuration import webhook_configurations
 
-from .operator_support import API, OperatorProcess, WebhookProcess, World, free_port, tls_ready
+from .operator_support import API, GROUP, VERSION, OperatorProcess, WebhookProcess, World, free_port, tls_ready
 from .support import REPO, Cluster, ServingCert, make_serving_cert, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +44,7 @@ def callers_installed(world: World) -> Iterator[str]:
     cluster.kubectl("create", "serviceaccount", BRIDGE, "-n", world.namespace)
     rbac = [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-         "rules": [{"apiGroups": ["gpulane.io"], "resources": ["gpujobs"],
+         "rules": [{"apiGroups": ["gpulane.io"], "resources": ["gpujobs", "gpuchains"],
                     "verbs": ["create", "get", "list", "update", "patch", "delete"]},
                    {"apiGroups": ["gpulane.io"], "resources": ["gpujobs/status"], "verbs": ["get", "patch"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
@@ -129,6 +129,29 @@ def test_an_untrusted_users_priority_is_capped_with_a_warning(world: World, admi
     assert (job["spec"]["member"], job["spec"]["tier"]) == ("alice", "free")
     alias = submit(world, "alias", *ALICE, priority="batch")
     assert alias.stderr == "" and world.get("alias")["spec"]["priority"] == -100
+
+
+def test_a_chain_is_admitted_as_its_authors_and_its_steps_carry_that(
+    world: World, operator: OperatorProcess, admission: WebhookProcess
+) -> None:
+    """docs/chains.md, Admission: alice's chain asking for 1000 is capped to her 0 and counts against her; the
+    operator creates its step with what the chain now says, which the webhook lets through as the
+    operator's chain step. Alice writing the chain's label on a job of her own gains nothing."""
+    policy(world)
+    chain = {"apiVersion": API, "kind": "GpuChain", "metadata": {"name": "film", "namespace": world.namespace},
+             "spec": {"model": world.name("sdxl"), "priority": 1000, "count": 2}}  # fmt: skip
+    proc = world.cluster.kubectl("apply", "-f", "-", *ALICE, input=yaml.safe_dump(chain))
+    assert "priority 1000 capped to 0 for user alice" in proc.stderr
+    spec = world.custom.get_namespaced_custom_object(GROUP, VERSION, world.namespace, "gpuchains", "film")["spec"]
+    assert (spec["priority"], spec["member"], spec["tier"]) == (0, "alice", "free")
+    step = wait_until(lambda: world.get("film-0"), what="the chain's first step")
+    assert (step["spec"]["priority"], step["spec"]["member"], step["spec"]["tier"]) == (0, "alice", "free")
+    forged = submit(world, "forged", *ALICE, check=False, member="bob")
+    assert forged.returncode != 0 and "may not submit as member 'bob'" in forged.stderr
+    labelled = world.job_doc("labelled", world.name("sdxl"), member="bob", priority=1000)
+    labelled["metadata"]["labels"] = {"gpulane.io/chain": "film"}
+    refused = world.cluster.kubectl("apply", "-f", "-", *ALICE, input=yaml.safe_dump(labelled), check=False)
+    assert refused.returncode != 0 and "may not submit as member 'bob'" in refused.stderr, "a label is no way in"
 
 
 def test_the_examples_pass_admission_as_a_plain_user_and_every_job_names_its_request(
@@ -355,6 +378,12 @@ def test_in_policy_mode_the_apiserver_caps_defaults_and_refuses_with_no_webhook(
             submit(world, "for-carol", "--as", bridge, member="carol", tier="max", priority=1000)
             trusted = world.get("for-carol")["spec"]
             assert (trusted["member"], trusted["tier"], trusted["priority"]) == ("carol", "max", 1000)
+            # A GpuChain is capped and defaulted as its author's, as a job is (docs/chains.md, Admission).
+            chain = {"apiVersion": API, "kind": "GpuChain", "metadata": {"name": "film", "namespace": world.namespace},
+                     "spec": {"model": world.name("sdxl"), "priority": 1000, "count": 2}}  # fmt: skip
+            made = json.loads(world.cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", *ALICE,
+                                                    input=yaml.safe_dump(chain)).stdout)["spec"]  # fmt: skip
+            assert (made["priority"], made["member"], made["tier"]) == (0, "alice", "free")
             # Status: only an executor's outcome of a Running job. Each policy takes effect on its own: wait for
             # this one too (a dry run stores nothing, so a forged write that got through meanwhile changes nothing).
             forged = wait_until(

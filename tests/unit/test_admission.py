@@ -720,9 +720,11 @@ def test_webhook_configurations_with_a_url() -> None:
     assert {name: hook["clientConfig"]["url"] for name, hook in by_name.items()} == {
         "gpujob-defaults.gpulane.io": "https://127.0.0.1:9443/gpujob-defaults",
         "gpujob-validate.gpulane.io": "https://127.0.0.1:9443/gpujob-validate",
+        "gpuchain-defaults.gpulane.io": "https://127.0.0.1:9443/gpuchain-defaults",
+        "gpuchain-validate.gpulane.io": "https://127.0.0.1:9443/gpuchain-validate",
         "gpupolicy-validate.gpulane.io": "https://127.0.0.1:9443/gpupolicy-validate",
     }
-    assert [h["name"] for h in mutating["webhooks"]] == ["gpujob-defaults.gpulane.io"]
+    assert [h["name"] for h in mutating["webhooks"]] == ["gpujob-defaults.gpulane.io", "gpuchain-defaults.gpulane.io"]
     for hook in by_name.values():
         assert "service" not in hook["clientConfig"]
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == PEM
@@ -736,7 +738,13 @@ def test_webhook_configurations_with_a_service() -> None:
         f"{path}.gpulane.io": {
             "service": {"namespace": "gpulane", "name": "gpulane-webhook", "port": 443, "path": f"/{path}"}
         }
-        for path in ("gpujob-defaults", "gpujob-validate", "gpupolicy-validate")
+        for path in (
+            "gpujob-defaults",
+            "gpujob-validate",
+            "gpuchain-defaults",
+            "gpuchain-validate",
+            "gpupolicy-validate",
+        )
     }
 
 
@@ -761,6 +769,20 @@ def test_webhook_configurations_rules_and_failure_policy() -> None:
     ]
     assert rules["gpupolicy-validate.gpulane.io"][0]["resources"] == ["gpupolicies"]
     assert rules["gpupolicy-validate.gpulane.io"][0]["scope"] == "Cluster"
+    assert rules["gpuchain-defaults.gpulane.io"][0]["resources"] == ["gpuchains"]
+    assert rules["gpuchain-validate.gpulane.io"][0]["operations"] == ["CREATE", "UPDATE"]
+
+
+def test_the_operators_chain_steps_skip_the_job_hooks_and_no_one_elses() -> None:
+    """A GpuChain's steps pass as the operator made them from the admitted chain; the condition names the
+    operator's identity, so a label written by anyone else is no way around the caps."""
+    by_name = hooks(webhook_configurations(url="https://h:1", operators=["system:serviceaccount:gs:op"]))
+    step = {"name": "not-a-chain-step", "expression": "!(request.userInfo.username in [\"system:serviceaccount:gs:op\"]"
+            " && has(object.metadata.labels) && 'gpulane.io/chain' in object.metadata.labels)"}  # fmt: skip
+    assert by_name["gpujob-defaults.gpulane.io"]["matchConditions"] == [step]
+    assert by_name["gpujob-validate.gpulane.io"]["matchConditions"][-1] == step
+    assert step not in by_name["gpuchain-defaults.gpulane.io"].get("matchConditions", [])
+    assert "matchConditions" not in hooks(webhook_configurations(url="https://h:1"))["gpujob-defaults.gpulane.io"]
 
 
 def test_namespace_selector_only_on_the_gpujob_hooks() -> None:
@@ -769,6 +791,8 @@ def test_namespace_selector_only_on_the_gpujob_hooks() -> None:
     assert selectors == {
         "gpujob-defaults.gpulane.io": {"matchLabels": {"gpulane.io/jobs": "on"}},
         "gpujob-validate.gpulane.io": {"matchLabels": {"gpulane.io/jobs": "on"}},
+        "gpuchain-defaults.gpulane.io": {"matchLabels": {"gpulane.io/jobs": "on"}},
+        "gpuchain-validate.gpulane.io": {"matchLabels": {"gpulane.io/jobs": "on"}},
         "gpupolicy-validate.gpulane.io": None,
     }
     assert all("namespaceSelector" not in h for h in hooks(webhook_configurations(url="https://h:1")).values())

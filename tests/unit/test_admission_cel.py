@@ -52,6 +52,12 @@ def test_every_policy_has_its_binding_and_only_the_job_rules_take_the_namespace_
     )
     conditions = {c["name"]: c["expression"] for c in status["matchConditions"]}
     assert conditions["not-the-operator"] == '!(request.userInfo.username in ["system:serviceaccount:ops:op"])'
+    # GpuChains are admitted as jobs are; the operator's chain steps pass as it made them.
+    policies = {d["metadata"]["name"]: d["spec"] for d in docs if not d["kind"].endswith("Binding")}
+    for name in ("x-job-defaults", "x-job-rules"):
+        assert policies[name]["matchConstraints"]["resourceRules"][0]["resources"] == ["gpujobs", "gpuchains"]
+        step = policies[name]["matchConditions"][-1]
+        assert step["name"] == "not-a-chain-step" and '["system:serviceaccount:ops:op"]' in step["expression"]
 
 
 def test_the_status_rule_names_every_status_field_but_the_outcomes() -> None:
