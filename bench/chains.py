@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gpulane.core.chains import ChainRules, StepJob, estimated_completion
+from gpulane.core.chains import ChainRules, StepJob, estimated_completion, plan
 from gpulane.core.sim.engine import JobRecord, simulate
 from gpulane.core.sim.report import percentile
 from gpulane.core.sim.scenario import load_scenario
@@ -52,7 +52,8 @@ def eta_errors(film: list[JobRecord]) -> list[tuple[int, float]]:
     rules = ChainRules(total=len(film))
     out = []
     for done, at in enumerate(sorted(s.finished_at for s in film if s.finished_at is not None)[:-1], start=1):
-        eta = estimated_completion(rules, steps_at(film, at), SHOT_SECONDS, at)
+        steps = steps_at(film, at)
+        eta = estimated_completion(rules, plan(rules, steps, at), steps, SHOT_SECONDS, at)
         if eta is not None:
             out.append((done, eta - end))
     return out

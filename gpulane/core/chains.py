@@ -64,18 +64,11 @@ def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iter
     its next attempt, while it has attempts left. ``succeeded`` are the steps the chain's status says
     succeeded: they are never made again, whatever became of their jobs (deleted after their TTL, or by
     hand). Any other step whose job is gone is created again from scratch."""
-    latest: dict[int, StepJob] = {}
-    retried = 0
-    gpu = 0.0
-    for job in jobs:
-        if not 0 <= job.index < rules.total:
-            continue  # a step the spec no longer has (its total shrank)
-        if job.index not in latest or job.attempt > latest[job.index].attempt:
-            latest[job.index] = job
-        if job.started_at is not None:
-            gpu += max(0.0, (job.finished_at if job.finished_at is not None else now) - job.started_at)
-    for job in latest.values():
-        retried += job.attempt
+    jobs = list(jobs)
+    latest = _latest(jobs, rules.total)
+    gpu = sum(max(0.0, (j.finished_at if j.finished_at is not None else now) - j.started_at)
+              for j in jobs if j.started_at is not None and 0 <= j.index < rules.total)  # fmt: skip
+    retried = sum(j.attempt for j in latest.values())
     done = {i for i, j in latest.items() if j.phase == "Succeeded"}
     done |= {i for i in succeeded if 0 <= i < rules.total}
     lost = sorted(i for i, j in latest.items() if j.phase in ("Failed", "Cancelled") and i not in done)
@@ -101,6 +94,15 @@ def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iter
     return status.plan(create, "Running", f"{len(done)} of {rules.total} steps done")
 
 
+def _latest(jobs: Iterable[StepJob], total: int) -> dict[int, StepJob]:
+    """Each step's latest attempt, for the steps the spec has (a shrunk total leaves some behind)."""
+    latest: dict[int, StepJob] = {}
+    for job in jobs:
+        if 0 <= job.index < total and (job.index not in latest or job.attempt > latest[job.index].attempt):
+            latest[job.index] = job
+    return latest
+
+
 @dataclass(frozen=True, slots=True)
 class _Status:
     succeeded: frozenset[int]
@@ -115,31 +117,28 @@ class _Status:
 
 
 def estimated_completion(
-    rules: ChainRules, jobs: Iterable[StepJob], step_seconds: float, now: float, succeeded: Iterable[int] = ()
+    rules: ChainRules, decided: ChainPlan, jobs: Iterable[StepJob], step_seconds: float, now: float
 ) -> float | None:
-    """When the last step should end, or None for a chain that is over or stopped.
+    """When the last step should end, given ``plan``'s verdict on the same jobs; None for a chain that is
+    over or stopped.
 
     Once steps have ended, the chain's own pace says it best: the time from its first step's start to its
-    latest end, over the steps that ended, includes the gaps in which other work went ahead. Before that,
-    the current step's forecast start (or now) plus every step at the model's learned run time, ``in_flight``
-    at a time. ``succeeded`` as for ``plan``; the pace is taken from the jobs still there."""
-    steps = list(jobs)
-    latest: dict[int, StepJob] = {}
-    for job in steps:
-        if job.index not in latest or job.attempt > latest[job.index].attempt:
-            latest[job.index] = job
-    decided = plan(rules, steps, now, succeeded)
+    latest end, over the steps that ended, includes the gaps in which other work went ahead. The pace is
+    taken from the jobs still there. Before that, the current step's forecast start (or now) plus every
+    step at the model's learned run time, ``in_flight`` at a time."""
     if decided.phase != "Running":
         return None
+    jobs = list(jobs)
+    latest = _latest(jobs, rules.total)
     done = [j for j in latest.values() if j.phase == "Succeeded"]
     remaining = rules.total - decided.completed
-    started = [j.started_at for j in steps if j.started_at is not None]
+    started = [j.started_at for j in jobs if j.started_at is not None]  # a retried step's first try too
     ends = [j.finished_at for j in done if j.finished_at is not None]
     if done and started and ends:
         pace = max(0.0, max(ends) - min(started)) / len(done)
         return max(now, max(ends) + remaining * pace)
-    waiting = [j for j in latest.values() if not j.ended]
-    first = min((j.estimated_start or j.started_at or now for j in waiting), default=now)
+    current = decided.current
+    first = now if current is None else current.estimated_start or current.started_at or now
     return max(now, first) + math.ceil(remaining / max(1, rules.in_flight)) * step_seconds
 
 
@@ -151,14 +150,13 @@ def step_name(chain: str, index: int, attempt: int) -> str:
 
 def format_steps(indices: Iterable[int]) -> str:
     """Step indices as ranges, ``0-36,38``: a long chain's succeeded steps in a few characters."""
-    out: list[str] = []
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive indices
     for i in sorted(set(indices)):
-        if out and out[-1].rpartition("-")[2].isdigit() and int(out[-1].rpartition("-")[2]) == i - 1:
-            first = out[-1].partition("-")[0]
-            out[-1] = f"{first}-{i}"
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
         else:
-            out.append(str(i))
-    return ",".join(out)
+            runs.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def parse_steps(text: str | None, total: int) -> frozenset[int]:

@@ -153,7 +153,7 @@ class Chains:
                 steps.setdefault(name, StepJob(index, attempt, name))
                 decided = plan(rules, steps.values(), now, succeeded)
             step_seconds = spec.expected_run_seconds or self.run_seconds(spec.model)
-            eta = estimated_completion(rules, steps.values(), step_seconds, now, succeeded)
+            eta = estimated_completion(rules, decided, steps.values(), step_seconds, now)
             current = decided.current
             step = None
             if current is not None:

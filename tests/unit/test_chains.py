@@ -23,6 +23,12 @@ from gpulane.explain import report
 from gpulane.operator.chains import step_manifest, step_of
 
 
+def eta(rules: ChainRules, steps: list[StepJob], step_seconds: float, now: float,
+        succeeded: frozenset[int] | set[int] = frozenset()) -> float | None:  # fmt: skip
+    """The ETA as the operator computes it: from ``plan``'s verdict on the same steps."""
+    return estimated_completion(rules, plan(rules, steps, now, succeeded), steps, step_seconds, now)
+
+
 def job(index: int, phase: str | None = None, attempt: int = 0, **times: float) -> StepJob:
     return StepJob(index, attempt, step_name("film", index, attempt), phase, **times)
 
@@ -80,15 +86,15 @@ def test_the_eta_follows_the_chains_own_pace_once_steps_ended() -> None:
     # 2 steps of 240 s with a 60 s gap between them (interactive work went ahead): a 270 s pace.
     steps = [job(0, "Succeeded", started_at=0, finished_at=240), job(1, "Succeeded", started_at=300,
              finished_at=540), job(2, "Pending")]  # fmt: skip
-    assert estimated_completion(rules, steps, step_seconds=240, now=550) == 540 + 8 * 270
+    assert eta(rules, steps, step_seconds=240, now=550) == 540 + 8 * 270
 
 
 def test_before_any_step_ended_the_eta_is_the_forecast_start_plus_every_step() -> None:
     rules = ChainRules(total=4, in_flight=2)
     waiting = [job(0, "Pending", estimated_start=100.0), job(1, "Pending", estimated_start=130.0)]
-    assert estimated_completion(rules, waiting, step_seconds=60, now=10) == 100 + 2 * 60
-    assert estimated_completion(rules, [], step_seconds=60, now=10) == 10 + 2 * 60
-    assert estimated_completion(ChainRules(total=1), [job(0, "Succeeded")], 60, 0) is None, "it is over"
+    assert eta(rules, waiting, step_seconds=60, now=10) == 100 + 2 * 60
+    assert eta(rules, [], step_seconds=60, now=10) == 10 + 2 * 60
+    assert eta(ChainRules(total=1), [job(0, "Succeeded")], 60, 0) is None, "it is over"
 
 
 def test_a_template_renders_index_step_and_total_in_every_string() -> None:
@@ -161,8 +167,8 @@ def test_a_succeeded_step_is_never_made_again_when_its_job_is_gone() -> None:
     after = plan(rules, [job(2, "Succeeded", started_at=5, finished_at=8)], 9, succeeded={0, 1})
     assert after.create == ((3, 0),) and after.succeeded == {0, 1, 2}
     assert plan(rules, [], 9, succeeded={0, 1, 2, 3, 7}).phase == "Succeeded", "an index past the total is ignored"
-    eta = estimated_completion(rules, [job(2, "Succeeded", started_at=5, finished_at=8)], 60, 9, succeeded={0, 1})
-    assert eta == 8 + 1 * 3, "one step left, at the pace of the jobs still there"
+    end = eta(rules, [job(2, "Succeeded", started_at=5, finished_at=8)], 60, 9, succeeded={0, 1})
+    assert end == 8 + 1 * 3, "one step left, at the pace of the jobs still there"
 
 
 def test_succeeded_steps_are_kept_as_ranges() -> None:
