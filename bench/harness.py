@@ -4,6 +4,7 @@ process and a fresh namespace (as the e2e suite runs them), and the statistics t
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import sys
 import tempfile
@@ -30,6 +31,12 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return round(int(line.split()[1]) / 1024, 1)
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, user and system (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness import REPO, PhaseWatch, bench_world, peak_rss_mib
+from harness import REPO, PhaseWatch, bench_world, cpu_seconds, peak_rss_mib
 from kubernetes import client
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
@@ -63,6 +63,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         )
         running = {j["metadata"]["name"] for j in world.jobs() if j["status"].get("phase") == "Running"}
         before = operator.metrics()
+        assert operator.proc is not None
+        cpu = cpu_seconds(operator.proc.pid)
         started = time.monotonic()
         totals: list[float] = []
         trips: list[float] = []
@@ -89,12 +91,12 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             )
             trips.append(at2 - t1)
         elapsed = time.monotonic() - started
+        cpu = cpu_seconds(operator.proc.pid) - cpu
         after = operator.metrics()
         watcher.stop()
         internal_n = after["gpulane_dispatch_latency_seconds_count"] - before["gpulane_dispatch_latency_seconds_count"]
         internal_s = after["gpulane_dispatch_latency_seconds_sum"] - before["gpulane_dispatch_latency_seconds_sum"]
         writes = sum(after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{"))
-        assert operator.proc is not None
         return {
             "lanes": args.lanes,
             "pending": total,
@@ -105,6 +107,13 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
             "operator_writes_per_second": round(writes / elapsed, 1),
+            "operator_writes_per_dispatch": round(writes / len(totals), 1),
+            "operator_writes_per_dispatch_by_kind": {
+                k.partition('kind="')[2].rstrip('"}'): round((after[k] - before.get(k, 0)) / len(totals), 2)
+                for k in sorted(after)
+                if k.startswith("gpulane_api_writes_total{") and after[k] > before.get(k, 0)
+            },
+            "operator_cpu_ms_per_dispatch": round(cpu / len(totals) * 1000, 1),
             "operator_peak_rss_mib": peak_rss_mib(operator.proc.pid),
         }
 

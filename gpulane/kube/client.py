@@ -93,6 +93,9 @@ async def configuration(kubeconfig: str | None = None) -> client.Configuration:
     except config.ConfigException:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
     conf.connection_pool_maxsize = 32
+    # aiohttp's trust_env reads ~/.netrc and the proxy variables in a thread on every request: 43% of a
+    # status patch's CPU (bench/client.py). Like the sync client, gpulane takes a proxy from the kubeconfig.
+    conf.client_session_kwargs = {"trust_env": False}
     return conf
 
 

@@ -72,3 +72,29 @@ def test_every_call_has_a_request_timeout():
 
     asyncio.run(go())
     assert seen["_request_timeout"] == 3.5
+
+
+def test_the_session_ignores_netrc_and_proxy_variables(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp's trust_env reads ~/.netrc and the proxy variables in a thread on every request (bench/client.py:
+    most of a patch's CPU); like the sync client, gpulane's session takes a proxy only from the kubeconfig."""
+    from gpulane.kube.client import load_client
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+
+    async def go() -> bool:
+        api = await load_client(str(kubeconfig))
+        session = api.rest_client._create_pool_manager()
+        try:
+            return bool(session.trust_env)
+        finally:
+            await session.close()
+            await api.close()
+
+    assert asyncio.run(go()) is False
