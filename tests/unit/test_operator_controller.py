@@ -33,6 +33,7 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
+from gpulane.operator.status import FIRST_WRITES, REFRESH_WRITES
 
 from .helpers import until
 
@@ -1157,6 +1158,39 @@ def test_status_writer_is_rate_limited_head_first_and_rounds_far_positions():
         await w.ctl.status.flush()
         assert statuses(w.kube, mark) == []
         assert w.kube.writes["job-status"] == 1 + 120  # the Running write, then one per waiting job
+
+    asyncio.run(scenario())
+
+
+def test_first_positions_go_out_many_at_once_and_refreshes_few():
+    """A burst's first positions are bound by the apiserver's latency: many in flight. Rewrites of positions
+    already written are refreshes, few at a time, so that they do not crowd a dispatch's Running write."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=1000))
+        await w.warm("run")
+        for i in range(80):
+            w.submit(f"q{i:03d}", created=T0 + 1 + i)
+        inner, flight, peaks = w.kube.patch_job_status, [0], []
+
+        async def slow(namespace: str, name: str, patch: Any) -> Body:
+            flight[0] += 1
+            peaks[-1] = max(peaks[-1], flight[0])
+            try:
+                await asyncio.sleep(0.002)
+                return await inner(namespace, name, patch)
+            finally:
+                flight[0] -= 1
+
+        w.kube.patch_job_status = slow
+        peaks.append(0)
+        await w.ctl.status.flush()
+        assert w.kube.job("q079")["status"]["position"] == 80
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))  # every later position moves up
+        peaks.append(0)
+        await w.ctl.status.flush()
+        assert w.kube.job("q079")["status"]["position"] == 79
+        assert peaks == [FIRST_WRITES, REFRESH_WRITES]
 
     asyncio.run(scenario())
 
