@@ -167,6 +167,8 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         bands = ["interactive", "normal", "batch"]
         docs = [world.job_doc(f"s{i:05d}", model, priority=bands[i % 3], member=f"m{i % 50}") for i in range(args.jobs)]
         custom = client.CustomObjectsApi(api)
+        assert operator.proc is not None
+        cpu = cpu_seconds(operator.proc.pid)
         t0 = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             list(
@@ -183,11 +185,11 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
                 positioned.add(name)
                 last = at
         elapsed = last - t0
+        cpu = cpu_seconds(operator.proc.pid) - cpu  # a share near 1.0: its one event loop is the bound
         after = operator.metrics()
         writes = {
             k.split('"')[1]: after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{")
         }
-        assert operator.proc is not None
         rss_positioned = peak_rss_mib(operator.proc.pid)
         # Then many dispatches with the queue still long: lane history and job stories must stay bounded.
         # The watch tells which job runs next; listing 5,000 jobs per step would time the bench instead.
@@ -209,6 +211,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
             "create_seconds_apiserver": round(created, 1),
             "all_positioned_seconds": round(elapsed, 1),
             "jobs_per_second": round(args.jobs / elapsed, 1),
+            "operator_cpu_share_positioning": round(cpu / elapsed, 2),
             "operator_writes": {k: int(v) for k, v in sorted(writes.items()) if v},
             "operator_peak_rss_mib_positioned": rss_positioned,
             "dispatches_after": args.dispatches,
