@@ -39,6 +39,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> dict[str, int]:
+    """The machine's CPU time so far by state, in clock ticks (the first line of /proc/stat)."""
+    names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    values = Path("/proc/stat").read_text().splitlines()[0].split()[1 : 1 + len(names)]
+    return dict(zip(names, map(int, values), strict=True))
+
+
+def pids_named(name: str) -> list[int]:
+    """The processes whose command name is ``name`` (the local cluster's kube-apiserver, etcd, ...)."""
+    found = []
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if comm.read_text().strip() == name:
+                found.append(int(comm.parent.name))
+    return found
+
+
 @dataclass
 class Bench:
     cluster: Cluster

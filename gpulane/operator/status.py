@@ -6,8 +6,9 @@ Writes are coalesced and rate-limited so that thousands of waiting jobs cause no
   they move or the estimate shifts noticeably;
 - jobs beyond them get a position rounded up to a multiple of ``exact_positions``
   (``positionExact: false``), rewritten only when that bucket changes;
-- each pass writes the head of the queue first and at most ``status_writes_per_second`` per second;
-  whatever is left waits for the next pass, which recomputes from the newest state.
+- each pass writes the jobs that have no position yet first, then the rest, each head of the queue
+  first, at most ``status_writes_per_second`` per second; whatever is left waits for the next pass,
+  which recomputes from the newest state.
 """
 
 from __future__ import annotations
@@ -99,7 +100,9 @@ class StatusWriter:
         if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
             self.dirty = False
             self._last_pass = now
-            writes = self._queue_writes(now)
+            # First positions before refreshes, each head first: in a burst a job with no position at all
+            # goes before one whose position moved (refreshes wait for a pass with budget left).
+            writes = sorted(self._queue_writes(now), key=lambda w: w[0].written is not None)
             cost = 0
             for i, (view, _, status, _) in enumerate(writes):
                 # A job near the head also gets its finalizer: a second write.

@@ -27,7 +27,6 @@ from kubernetes import client
 
 from gpulane import __version__
 from gpulane.admission import cel
-from gpulane.admission.configuration import not_a_chain_step
 from gpulane.api.kinds import KINDS
 from gpulane.fakes.backend import fake_bytes
 
@@ -665,8 +664,8 @@ def test_admission_mode_chooses_the_webhook_the_apiservers_policies_or_both(clus
     assert specs.keys() == generated.keys()
     operator = "system:serviceaccount:ns:r-gpulane-operator"
     for key in ("job-defaults", "job-rules"):  # the release's operator may create its chains' steps as they are
-        step = not_a_chain_step([operator])
-        assert specs[key] == {**generated[key], "matchConditions": [*generated[key].get("matchConditions", []), step]}
+        variables = [cel.operators_variable([operator]), *generated[key]["variables"][1:]]
+        assert specs[key] == {**generated[key], "variables": variables}
     status = specs["status-outcomes"]["matchConditions"]
     assert status[-1] == cel.not_by([operator])
     binding = both["ValidatingAdmissionPolicyBinding", "r-gpulane-job-rules"]["spec"]

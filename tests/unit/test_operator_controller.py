@@ -1195,6 +1195,36 @@ def test_first_positions_go_out_many_at_once_and_refreshes_few():
     asyncio.run(scenario())
 
 
+def test_a_burst_of_first_positions_goes_before_refreshes():
+    """In a burst, a job with no position at all is written before one whose position moved, even one
+    nearer the head: the refreshes wait for a pass with budget left (with 10 lanes, head-first order spent
+    the budget on exact positions rewritten over and over while new jobs waited minutes for any)."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=50))
+        await w.warm("run")
+        for i in range(10):
+            w.submit(f"a{i}", created=T0 + 1 + i)
+        await w.ctl.status.flush()
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/a0"))  # a1..a9 move up one place
+        for i in range(30):
+            w.submit(f"b{i:02d}", created=T0 + 100 + i)
+        mark = len(w.kube.calls)
+
+        await w.ctl.status.flush()
+
+        # A budget of 50: each exact first position costs two writes (with the finalizer).
+        assert [n for n, _ in statuses(w.kube, mark)] == [f"b{i:02d}" for i in range(25)]
+        mark = len(w.kube.calls)
+        await w.ctl.status.flush()
+        assert [n for n, _ in statuses(w.kube, mark)] == [
+            *(f"b{i:02d}" for i in range(25, 30)),
+            *(f"a{i}" for i in range(1, 10)),
+        ]
+
+    asyncio.run(scenario())
+
+
 def test_lane_queue_depth_removes_a_band_once_it_empties():
     async def scenario() -> None:
         w = World()
