@@ -20,7 +20,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def run(*argv: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, str(HERE / "operator.py"), *argv], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(HERE / "operator.py"), *argv], capture_output=True, text=True)
+    if out.returncode != 0:  # say why: the run's own traceback, not only its exit status
+        raise SystemExit(f"bench/operator.py {' '.join(argv)} failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout)
     print(json.dumps({"argv": argv, **result}), flush=True)
     return result
