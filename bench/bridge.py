@@ -34,10 +34,10 @@ from typing import Any
 
 import openai
 import yaml
-from harness import PhaseWatch, bench_world, peak_rss_mib
+from harness import PhaseWatch, bench_world, create_jobs, peak_rss_mib
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
-from tests.e2e.operator_support import GROUP, VERSION, BridgeProcess, FakeBackendProcess
+from tests.e2e.operator_support import BridgeProcess, FakeBackendProcess
 
 KEY = "sk-bench-0000000000"
 
@@ -82,9 +82,9 @@ def warm_dispatches(bench: Any, model: str, calls: int) -> list[float]:
     times = []
     for i in range(calls):
         name = f"warm-{i:04d}"
-        t0 = time.monotonic()
         doc = bench.world.job_doc(name, model)
-        bench.world.custom.create_namespaced_custom_object(GROUP, VERSION, bench.namespace, "gpujobs", doc)
+        t0 = time.monotonic()
+        create_jobs(bench.world, [doc])
         at, _n, _o = watcher.until(lambda n, p, o, j=name: n == j and p == "Running", timeout=60)
         times.append(at - t0)
         bench.world.complete(name)

@@ -1,7 +1,7 @@
 """Chaos: gpulane as the chart installs it on the real node gpu-0, with the faults production meets, while
 jobs flow; an independent checker (bench/checker.py) says whether a promise broke.
 
-    .venv/bin/python bench/chaos.py [--minutes 10] [--seed 1]
+    .venv/bin/python bench/chaos.py [--minutes 10 | --rounds 1] [--seed 1]
 
 The chart runs two operator replicas (one leads through its Lease), two webhook replicas and the bridge,
 all on gpu-0, and so does the one lane: gpu-0's GPU, whose backend pod (``gpulane fake-backend``) really
@@ -9,7 +9,9 @@ serves. Two models, one mostly, the other now and then (a swap). Jobs arrive two
 like kubectl does (the bench completes them as their executor), and OpenAI calls through the bridge's
 Service, for the main model.
 
-One fault at a time, in a seeded order that goes through every kind before repeating one:
+One fault at a time, in a seeded order that goes through every kind before repeating one. The run lasts
+``--minutes``, or with ``--rounds N`` until every kind was injected N times, however long that takes on a
+slow machine (the test in ``make test`` runs one round):
 
 - ``leader``: the leading operator's pod deleted with ``--grace-period=0`` (SIGKILL) while a standby runs;
 - ``webhook-pod``, ``bridge-pod``, ``backend-pod``: one such pod deleted the same way;
@@ -91,6 +93,7 @@ class Chaos:
         self.world = World(self.cluster, self.api, self.ns)
         self.record = Record(capacity=lambda lane: 1, slots=1, at=wall)  # one lane, one GPU
         self.stop = threading.Event()
+        self.rounds_done = threading.Event()  # --rounds: every kind injected that many times (or chaos gave up)
         self.counts: collections.Counter[str] = collections.Counter()
         self.refusals: dict[str, str] = {}  # kind of refusal -> one message, as the client got it
         self.created: list[str] = []
@@ -301,12 +304,22 @@ class Chaos:
                     localcluster.restart(component, self.cluster.info.state_dir, crash=False)
 
     def chaos(self) -> None:
+        try:
+            self.inject_in_rounds()
+        finally:
+            self.rounds_done.set()
+
+    def inject_in_rounds(self) -> None:
         order: list[str] = []
+        rounds = 0
         while not self.stop.wait(self.rng.uniform(3, 6)):
             if not self.args.faults:
                 continue
             if not order:
+                if self.args.rounds and rounds == self.args.rounds:
+                    return
                 order = self.rng.sample(self.args.faults, len(self.args.faults))
+                rounds += 1
             kind = order.pop()
             try:
                 detail = self.inject(kind)
@@ -368,7 +381,8 @@ class Chaos:
         print(f"the release's logs are in {self.work}", file=sys.stderr)
 
     def run(self) -> dict[str, Any]:
-        print(f"chaos run: seed {self.args.seed}, {self.args.minutes} minutes, namespace {self.ns}", file=sys.stderr)
+        length = f"{self.args.rounds} rounds" if self.args.rounds else f"{self.args.minutes} minutes"
+        print(f"chaos run: seed {self.args.seed}, {length}, namespace {self.ns}", file=sys.stderr)
         self.install()
         watcher = Watcher(self.api, self.record, self.ns, self.ns)
         workers = [
@@ -379,7 +393,10 @@ class Chaos:
         started = time.monotonic()
         for t in [*workers, executor]:
             t.start()
-        self.stop.wait(self.args.minutes * 60)
+        if self.args.rounds:
+            self.rounds_done.wait()
+        else:
+            self.stop.wait(self.args.minutes * 60)
         self.stop.set()
         for t in workers:
             t.join(timeout=300)
@@ -436,6 +453,9 @@ class Chaos:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="instead of --minutes: until every kind was injected this many times"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=2.0, help="kubectl jobs per second (Poisson)")
     parser.add_argument("--lease-seconds", type=int, default=6, help="the operators' Lease (leaderElection)")

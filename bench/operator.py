@@ -35,11 +35,9 @@ import statistics
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness import REPO, PhaseWatch, bench_world, cpu_seconds, machine_ticks, peak_rss_mib, pids_named
-from kubernetes import client
+from harness import REPO, PhaseWatch, bench_world, cpu_seconds, create_jobs, machine_ticks, peak_rss_mib, pids_named
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
 from tests.e2e.operator_support import GROUP, VERSION
@@ -55,10 +53,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         watcher = PhaseWatch(api, namespace)
         total = max(args.pending, args.jobs) + args.lanes
         names = [f"j{i:05d}" for i in range(total)]
-        docs = [world.job_doc(n, model, member=f"m{i % 7}") for i, n in enumerate(names)]
-        with ThreadPoolExecutor(16) as pool:  # one kubectl apply of 5,000 jobs outlasts its timeout with 10 lanes
-            list(pool.map(lambda d: world.custom.create_namespaced_custom_object(GROUP, VERSION, namespace,
-                                                                                 "gpujobs", d), docs))  # fmt: skip
+        create_jobs(world, [world.job_doc(n, model, member=f"m{i % 7}") for i, n in enumerate(names)])
         wait_until(
             lambda: sum(1 for j in world.jobs() if (j.get("status") or {}).get("phase")) == len(names),
             timeout=600,
@@ -136,8 +131,8 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
                 for i in range(args.swaps + 1):  # the first load of each round is not a swap
                     name = f"{kind}-{r}-{i}"
                     doc = world.job_doc(name, models[kind][i % 2])
-                    t0 = time.monotonic()  # created through the API: a kubectl process would be timed too
-                    world.custom.create_namespaced_custom_object(GROUP, VERSION, world.namespace, "gpujobs", doc)
+                    t0 = time.monotonic()
+                    create_jobs(world, [doc])
                     at, _n, _o = watcher.until(lambda n, p, o, j=name: n == j and p == "Running", timeout=120)
                     if i:
                         times[kind].append(at - t0)
@@ -170,19 +165,13 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         before = operator.metrics()
         bands = ["interactive", "normal", "batch"]
         docs = [world.job_doc(f"s{i:05d}", model, priority=bands[i % 3], member=f"m{i % 50}") for i in range(args.jobs)]
-        custom = client.CustomObjectsApi(api)
         assert operator.proc is not None
         cpu = cpu_seconds(operator.proc.pid)
         others = {name: pids_named(name) for name in ("kube-apiserver", "etcd")}
         others_cpu = {name: sum(map(cpu_seconds, pids)) for name, pids in others.items()}
         ticks = machine_ticks()
         t0 = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:
-            list(
-                pool.map(
-                    lambda d: custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", d), docs
-                )
-            )
+        create_jobs(world, docs)
         created = time.monotonic() - t0
         positioned: set[str] = set()
         last = t0

@@ -463,8 +463,8 @@ def manifests(
         if key == "status-outcomes":
             spec = {**spec, "matchConditions": [*spec["matchConditions"], not_by(operators)]}
         if key in ("job-defaults", "job-rules"):
-            variables = [operators_variable(operators), *spec["variables"][1:]]
-            spec = {**spec, "variables": variables}
+            mine = operators_variable(operators)
+            spec = {**spec, "variables": [mine if v["name"] == OPERATORS else v for v in spec["variables"]]}
         binding: dict[str, Any] = {"policyName": f"{name}-{key}"}
         if "paramKind" in spec:
             binding["paramRef"] = param

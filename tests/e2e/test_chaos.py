@@ -1,4 +1,4 @@
-"""The chaos run (bench/chaos.py) for two minutes: the chart on the real node, one fault of every kind
+"""The chaos run (bench/chaos.py) for one round: the chart on the real node, one fault of every kind
 (the leader killed with a standby running, the webhook, bridge and backend pods killed, kube-apiserver
 and etcd restarted, the webhook away, the kubelet and containerd restarted on gpu-0), and its independent
 checker's verdict. The ten-minute run stays in the benchmarks (`make bench-chaos`, docs/reliability.md).
@@ -21,17 +21,18 @@ from .support import REPO, Cluster, localcluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.last]
 
-SEED = 17  # fixed, so that a failure here is the same run again with `bench/chaos.py --seed 17 --minutes 2`
+SEED = 17  # fixed, so that a failure here is the same run again with `bench/chaos.py --seed 17 --rounds 1`
 
 
 # The run bounds itself (its drain, the replicas' metrics agreeing, the subprocess's 900 s): pytest's 300 s
 # would cut a slow run before it reports what was slow, as it did once in a make test at 300 s.
 @pytest.mark.timeout(900)
-def test_two_minutes_of_chaos_break_no_promise(cluster: Cluster, no_operator: None) -> None:
+def test_a_round_of_chaos_breaks_no_promise(cluster: Cluster, no_operator: None) -> None:
     if not cluster.info.real_node:
         raise AssertionError("this test needs the real node gpu-0; the cluster runs with GPULANE_NODE=kwok")
-    # --outage-seconds 15 fits every kind into the two minutes; the bench's own run takes 30.
-    argv = [sys.executable, str(REPO / "bench" / "chaos.py"), "--minutes", "2", "--seed", str(SEED),
+    # One round, not a clock: two minutes did not always fit every kind on a slow, stolen-from machine.
+    # --outage-seconds 15 keeps the round near two minutes; the bench's own run takes 30.
+    argv = [sys.executable, str(REPO / "bench" / "chaos.py"), "--rounds", "1", "--seed", str(SEED),
             "--outage-seconds", "15"]  # fmt: skip
     env = cluster.env() | {"GPULANE_CLUSTER_DIR": str(cluster.info.state_dir)}  # the session's cluster
     try:
