@@ -1,15 +1,18 @@
-"""Admission latency, four sides alternated in one run: GpuJob creates through gpulane's webhook, through
+"""Admission latency, five sides alternated in one run: GpuJob creates through gpulane's webhook, through
 the apiserver's own admission policies (``admission.mode: policy``, gpulane/admission/cel.py), through the
 cheapest pair of policies the apiserver can run (``floor``: a mutating policy that sets one field and a
-validating one whose rule is ``true``, no parameter), and through neither. The floor says what binding any
-mutating and validating policy costs on the machine, before gpulane's rules add theirs.
+validating one whose rule is ``true``, no parameter), through the same pair with GpuPolicy ``default`` as
+their parameter (``floor-param``, as gpulane's take it), and through neither. The floors say what binding
+any mutating and validating policy costs on the machine, and what a parameter adds (the apiserver converts
+it, through JSON, once per activation), before gpulane's rules add theirs.
 
-    .venv/bin/python bench/admission.py [--jobs 500] [--concurrency 50] [--rounds 4]
+    .venv/bin/python bench/admission.py [--jobs 100] [--concurrency 50] [--rounds 12]
 
 Starts the local control plane if none runs, applies crds/, runs ``gpulane webhook`` as its own process
 and installs its configurations for one namespace, and the policies for another (GpuPolicy ``default``
-their parameter), and the floor's for a third. Each round creates ``--jobs`` GpuJobs from ``--concurrency``
-threads in each of the four namespaces in turn, so that a drifting host affects all alike. Every create is
+their parameter), and the floors' for a third and a fourth. Each round creates ``--jobs`` GpuJobs from ``--concurrency``
+threads in each of the five namespaces in turn, so that a drifting host affects all alike (many short rounds:
+three rounds of 300 put one side's creates into a slow minute of the host and gave the floor 2.0x). Every create is
 timed by the client, as a user feels it. Then the webhook's process is SIGKILLed and one round more runs on
 the webhook's side and on the policies' side: creates through the webhook fail until it is back, creates
 through the policies must not.
@@ -39,11 +42,12 @@ from gpulane.core.sim.report import percentile  # the one percentile definition 
 from tests.e2e.operator_support import GROUP, VERSION, WebhookProcess, World
 from tests.e2e.support import Cluster, localcluster, make_serving_cert, wait_until
 
-SIDES = ("webhook", "policy", "floor", "none")
+SIDES = ("webhook", "policy", "floor", "floor-param", "none")
 
 
-def floor_policies(name: str, namespace_selector: dict[str, str]) -> list[dict[str, Any]]:
-    """The least a mutating and a validating policy can do on a GpuJob create, bound to one namespace."""
+def floor_policies(name: str, namespace_selector: dict[str, str], param: bool = False) -> list[dict[str, Any]]:
+    """The least a mutating and a validating policy can do on a GpuJob create, bound to one namespace; with
+    ``param``, taking GpuPolicy ``default`` as their parameter, as gpulane's policies do."""
     api = "admissionregistration.k8s.io/v1"
     rules = {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE"],
                                 "resources": ["gpujobs"]}]}  # fmt: skip
@@ -53,14 +57,19 @@ def floor_policies(name: str, namespace_selector: dict[str, str]) -> list[dict[s
     mutating = {"failurePolicy": "Fail", "reinvocationPolicy": "Never", "matchConstraints": rules,
                 "mutations": [mutation]}  # fmt: skip
     validating = {"failurePolicy": "Fail", "matchConstraints": rules, "validations": [{"expression": "true"}]}
-    meta = {"name": f"{name}-floor"}
+    bindings: dict[str, Any] = {"matchResources": match}
+    if param:
+        kind = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuPolicy"}
+        mutating["paramKind"] = validating["paramKind"] = kind
+        bindings["paramRef"] = {"name": "default", "parameterNotFoundAction": "Deny"}
+    meta = {"name": f"{name}-floor{'-param' if param else ''}"}
     return [
         {"apiVersion": api, "kind": "MutatingAdmissionPolicy", "metadata": meta, "spec": mutating},
         {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding", "metadata": meta,
-         "spec": {"policyName": meta["name"], "matchResources": match}},
+         "spec": {"policyName": meta["name"], **bindings}},
         {"apiVersion": api, "kind": "ValidatingAdmissionPolicy", "metadata": meta, "spec": validating},
         {"apiVersion": api, "kind": "ValidatingAdmissionPolicyBinding", "metadata": meta,
-         "spec": {"policyName": meta["name"], "validationActions": ["Deny"], "matchResources": match}},
+         "spec": {"policyName": meta["name"], "validationActions": ["Deny"], **bindings}},
     ]  # fmt: skip
 
 
@@ -113,9 +122,9 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=100, help="creates per side per round")
     parser.add_argument("--concurrency", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
 
     info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
@@ -139,6 +148,7 @@ def main() -> None:
                                      namespace_selector={label: f"webhook-{tag}"}, name=name)  # fmt: skip
     policies = cel.manifests(name, namespace_selector={label: f"policy-{tag}"})
     policies += floor_policies(name, {label: f"floor-{tag}"})
+    policies += floor_policies(name, {label: f"floor-param-{tag}"}, param=True)
     had_policy = bool(cluster.kubectl("get", "gpupolicy", "default", "--ignore-not-found", "-o", "name").stdout)
     results: dict[str, Any] = {}
     try:
@@ -169,9 +179,10 @@ def main() -> None:
             },
             **{
                 f"{side}_over_none_p50": round(p50(samples[side]) / p50(samples["none"]), 2)
-                for side in ("policy", "floor", "webhook")
+                for side in ("policy", "floor", "floor-param", "webhook")
             },
             "policy_over_floor_p50": round(p50(samples["policy"]) / p50(samples["floor"]), 2),
+            "policy_over_floor_param_p50": round(p50(samples["policy"]) / p50(samples["floor-param"]), 2),
         }  # fmt: skip
         # The webhook gone: its side's creates fail (failurePolicy Fail) until it is back; the policies' do not.
         hook.kill()

@@ -1,7 +1,7 @@
 """Where the apiserver's CPU goes under GpuJob creates on one side of ``bench/admission.py``: its own pprof
 CPU profile, taken while 50 client threads create GpuJobs in a namespace that the side's admission serves.
 
-    .venv/bin/python bench/admission_profile.py policy|floor|none [--seconds 20] [--out policy.pprof]
+    .venv/bin/python bench/admission_profile.py policy|floor|floor-param|none [--seconds 20] [--out policy.pprof]
     go tool pprof -top -cum policy.pprof
 
 Starts the local control plane if none runs. Prints the creates, their rate and p50 while profiled.
@@ -28,7 +28,7 @@ from tests.e2e.support import Cluster, localcluster, wait_until
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("side", choices=["policy", "floor", "none"])
+    parser.add_argument("side", choices=["policy", "floor", "floor-param", "none"])
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--out", default=None, help="the profile (default: SIDE.pprof)")
     args = parser.parse_args()
@@ -45,7 +45,8 @@ def main() -> None:
     world = World(cluster, api, namespace)
     name = f"gpulane-profile-{tag}"
     policies = {"policy": cel.manifests(name, namespace_selector={label: tag}),
-                "floor": floor_policies(name, {label: tag}), "none": []}[args.side]  # fmt: skip
+                "floor": floor_policies(name, {label: tag}),
+                "floor-param": floor_policies(name, {label: tag}, param=True), "none": []}[args.side]  # fmt: skip
     had_policy = bool(cluster.kubectl("get", "gpupolicy", "default", "--ignore-not-found", "-o", "name").stdout)
     try:
         model = world.model("bench")

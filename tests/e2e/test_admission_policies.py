@@ -229,6 +229,11 @@ def test_the_policies_store_what_the_webhook_stores_or_both_refuse(
                 return said == probe or f"the cap {probe} of user {PROBE_USER}" in str(said)
 
             wait_until(lambda: all(current(ns) for ns in namespaces), timeout=30, what=f"the probe cap {probe}")
+            # The validating policy's refusal can say the probe's cap before the mutating policy is in effect
+            # at all (the apiserver loads each kind of policy on its own): a job under every cap gets a tier.
+            under = {**job, "spec": {"model": model, "priority": -1}}
+            wait_until(lambda: "tier" in api.dry_run(namespaces[1], under, PROBE_USER, [])[1].get("spec", {}),
+                       timeout=30, what="the mutating policy in effect")  # fmt: skip
 
         @settings(max_examples=20, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip

@@ -63,7 +63,19 @@ def test_every_policy_has_its_binding_and_only_the_job_rules_take_the_namespace_
     assert policies["x-job-defaults"]["mutations"][0]["applyConfiguration"]["expression"].startswith(
         "variables.chainStep ? Object{} : "
     )
-    assert all(v["expression"].startswith("variables.skip || (") for v in policies["x-job-rules"]["validations"])
+    # One validation: the apiserver evaluates each validation's messageExpression on every request.
+    (rules,) = policies["x-job-rules"]["validations"]
+    assert rules["expression"].startswith("variables.skip || (")
+
+
+def test_folded_rules_hold_together_and_name_the_first_one_broken() -> None:
+    rules = [{"expression": e, "messageExpression": m, "reason": "Forbidden"} for e, m in
+             (("a > 1", "'small a'"), ("b", "'no b'"), ("c == 2", "'c is ' + string(c)"))]  # fmt: skip
+    assert cel._folded(rules) == {
+        "expression": "variables.skip || ((a > 1) && (b) && (c == 2))",
+        "messageExpression": "!(a > 1) ? ('small a') : !(b) ? ('no b') : 'c is ' + string(c)",
+        "reason": "Forbidden",
+    }
 
 
 def test_the_status_rule_names_every_status_field_but_the_outcomes() -> None:
