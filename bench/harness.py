@@ -101,6 +101,70 @@ def bench_world(*operator_args: str) -> Iterator[Bench]:
         client.CoreV1Api(api).delete_namespace(namespace)
 
 
+class PodWatch:
+    """Timestamps (monotonic, as a watch delivers them) of the backend pods' milestones: created, scheduled,
+    its container running, Ready, deletion asked, gone. The API's own timestamps have one-second resolution."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core, self.namespace = client.CoreV1Api(api), namespace
+        # By uid: a lane's next pod has the same name as the one before it.
+        self.seen: dict[str, dict[str, float]] = {}  # pod uid -> milestone -> first time seen
+        self.lanes: dict[str, str] = {}  # pod uid -> its lane
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._rv = self.core.list_namespaced_pod(namespace).metadata.resource_version
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                stream = watch.Watch().stream(
+                    self.core.list_namespaced_pod, self.namespace, resource_version=self._rv, timeout_seconds=30
+                )
+                for event in stream:
+                    self._note(time.monotonic(), event["type"], event["object"])
+            except Exception:
+                time.sleep(0.1)
+
+    def _note(self, at: float, kind: str, pod: client.V1Pod) -> None:
+        self._rv = pod.metadata.resource_version
+        lane = (pod.metadata.annotations or {}).get("gpulane.io/lane")
+        if lane is None:
+            return
+        statuses = (pod.status and pod.status.container_statuses) or []
+        conditions = (pod.status and pod.status.conditions) or []
+        reached = {
+            "added": True,
+            "running": any(c.state and c.state.running for c in statuses),
+            "ready": any(c.type == "Ready" and c.status == "True" for c in conditions),
+            "deleting": pod.metadata.deletion_timestamp is not None,
+            "deleted": kind == "DELETED",
+        }
+        with self._lock:
+            self.lanes[pod.metadata.uid] = lane
+            marks = self.seen.setdefault(pod.metadata.uid, {})
+            for milestone, now in reached.items():
+                if now:
+                    marks.setdefault(milestone, at)
+
+    def swap_phases(self, lane: str, since: float, until: float) -> dict[str, float] | None:
+        """Where a swap's time went, from a job's create (``since``) to its ``Running`` (``until``): the old
+        pod's deletion asked, the old pod gone, the new one created, its container running, Ready."""
+        with self._lock:
+            pods = {uid: dict(m) for uid, m in self.seen.items() if self.lanes.get(uid) == lane}
+        old = [m for m in pods.values() if since <= m.get("deleting", -1) <= until and "deleted" in m]
+        new = [m for m in pods.values() if since <= m["added"] <= until and "ready" in m]
+        if len(old) != 1 or len(new) != 1:
+            return None
+        (o,), (n,) = old, new
+        marks = [since, o["deleting"], o["deleted"], n["added"], n["running"], n["ready"], until]
+        names = ["job to delete asked", "old pod stopping", "gone to new pod created", "pod to container running",
+                 "container to Ready", "Ready to job Running"]  # fmt: skip
+        return {name: b - a for name, a, b in zip(names, marks, marks[1:], strict=False)}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class PhaseWatch:
     """Timestamps (monotonic) of each job's phases as a watch delivers them."""
 

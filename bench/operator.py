@@ -37,10 +37,20 @@ import tempfile
 import time
 from typing import Any
 
-from harness import REPO, PhaseWatch, bench_world, cpu_seconds, create_jobs, machine_ticks, peak_rss_mib, pids_named
+from harness import (
+    REPO,
+    PhaseWatch,
+    PodWatch,
+    bench_world,
+    cpu_seconds,
+    create_jobs,
+    machine_ticks,
+    peak_rss_mib,
+    pids_named,
+)
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
-from tests.e2e.operator_support import GROUP, VERSION
+from tests.e2e.operator_support import GROUP, OPERATOR_NAMESPACE, VERSION
 from tests.e2e.support import wait_until
 
 
@@ -120,6 +130,8 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
     with bench_world(*args.operator_args) as bench:
         world = bench.world
         watcher = PhaseWatch(bench.api, bench.namespace)
+        pods = PodWatch(bench.api, OPERATOR_NAMESPACE)
+        phases: list[dict[str, float]] = []
         models = {
             "real": [world.real_model(f"real{i}", load_seconds=0) for i in range(2)],
             "kwok": [world.model(f"kwok{i}", ready_delay="0s") for i in range(2)],
@@ -136,10 +148,13 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
                     at, _n, _o = watcher.until(lambda n, p, o, j=name: n == j and p == "Running", timeout=120)
                     if i:
                         times[kind].append(at - t0)
+                        if kind == "real" and (split := pods.swap_phases(lane, t0, at)) is not None:
+                            phases.append(split)
                     world.complete(name)
                 world.custom.delete_cluster_custom_object(GROUP, VERSION, "gpulanes", lane)
                 wait_until(lambda lane=lane: not world.backend_pods(lane), timeout=60, what=f"lane {lane}'s pod gone")
         watcher.stop()
+        pods.stop()
         real, kwok = statistics.median(times["real"]), statistics.median(times["kwok"])
         return {
             "swaps_each": len(times["real"]),
@@ -148,6 +163,11 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
             "kwok_p50_s": round(kwok, 2),
             "kwok_max_s": round(max(times["kwok"]), 2),
             "ratio_p50": round(real / kwok, 1),
+            # The real node's swaps split by the backend pods' milestones as the bench's watch saw them.
+            "real_node_phases_p50_s": {k: round(statistics.median(p[k] for p in phases), 2) for k in phases[0]}
+            if phases
+            else {},
+            "real_node_swaps_split": len(phases),
         }
 
 
