@@ -262,10 +262,8 @@ def versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
                 runs[which].append(bench(args))
         os.environ.pop("PYTHONPATH", None)
     numbers = [k for k, v in runs["this"][0].items() if isinstance(v, int | float)]
-    ratio = {
-        k: round(statistics.median(t[k] / b[k] for b, t in zip(runs["base"], runs["this"], strict=True) if b[k]), 2)
-        for k in numbers
-    }
+    pairs = {k: [t[k] / b[k] for b, t in zip(runs["base"], runs["this"], strict=True) if b[k]] for k in numbers}
+    ratio = {k: round(statistics.median(v), 2) for k, v in pairs.items() if v}  # no ratio to a base of 0
     return {"base": args.base, "runs": runs, "this_over_base_median": ratio}
 
 
