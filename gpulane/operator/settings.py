@@ -9,7 +9,8 @@ from dataclasses import dataclass
 class Settings:
     namespace: str = "gpulane-system"  # where backend pods live
     exact_positions: int = 50  # per lane; positions beyond are rounded up to a multiple of this
-    status_writes_per_second: float = 200.0
+    # A burst's first positions keep up with the apiserver's creates at 0.8x or better (docs/benchmarks.md).
+    status_writes_per_second: float = 500.0
     status_interval: float = 1.0
     tick_seconds: float = 1.0
     resync_seconds: float = 300.0  # between lists that find deletions no watch reported (resync.py)
