@@ -365,6 +365,13 @@ def test_in_policy_mode_the_apiserver_caps_defaults_and_refuses_with_no_webhook(
             assert capped["metadata"]["annotations"]["gpulane.io/requested-priority"] == "1000"
             assert (capped["spec"]["member"], capped["spec"]["tier"]) == ("alice", "free")
             assert capped["spec"]["maxRunSeconds"] == 3600  # the policy's runLimits.defaultSeconds
+            # The validating policy takes effect on its own, maybe after the mutating one: until it refuses.
+            impostor = yaml.safe_dump(world.job_doc("impostor", world.name("sdxl"), member="carol"))
+            wait_until(
+                lambda: world.cluster.kubectl("create", "--dry-run=server", "-f", "-", *ALICE, input=impostor,
+                                              check=False).returncode,
+                what="the validating policy to take effect",
+            )  # fmt: skip
             submit(world, "modest", *ALICE, priority="batch")
             assert world.get("modest")["spec"]["priority"] == -100
             artist = submit(world, "art", "--as", "bob", "--as-group", USERS_GROUP, "--as-group", "artists",
