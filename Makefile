@@ -44,8 +44,11 @@ lock: $(STAMP)
 
 include hack/cluster.mk
 
+# The suite's groups side by side (docs/development.md, Groups): worker gw0 runs the serial group on the
+# cluster with the real node gpu-0, each other worker the parallel groups on a kwok cluster of its own.
+TEST_WORKERS ?= 3
 test: lint tools llama-server
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 unit: install
 	$(BIN)/pytest -q -m 'not e2e'

@@ -47,7 +47,7 @@ cluster-status: install
 	@$(CLUSTER_PY) status
 
 e2e: install tools llama-server
-	$(BIN)/pytest -q -m e2e tests/e2e
+	$(BIN)/pytest -q -n $(TEST_WORKERS) -m e2e tests/e2e
 
 kind-up:
 	hack/kind/create-cluster.sh

@@ -28,6 +28,7 @@ from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World
 from .support import REPO, Cluster, localcluster, wait_until
 
 from localdemo import release as demo  # isort: skip  (hack/, put on sys.path by .support)
+import suite_groups  # isort: skip  (tests/, put on sys.path by .support)
 
 CRD_NAMES = [f"crd/{plural}.gpulane.io" for plural in ("gpujobs", "gpumodels", "gpulanes", "gpupolicies", "gpuchains")]
 
@@ -47,24 +48,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
+    """The serial group's cluster, with the real node gpu-0 (the one at the default state directory), or on a
+    worker of the parallel groups that worker's own kwok cluster beside it (``suite_groups``)."""
     messages: list[str] = []
+    own = suite_groups.own_cluster(localcluster.default_state_dir().parent) if suite_groups.has_own_cluster() else {}
+    state_dir = own.get("state_dir") or localcluster.default_state_dir()
     try:
-        info = localcluster.up(log=messages.append, user=os.getpid())
+        info = localcluster.up(log=messages.append, user=os.getpid(), **own)
     except (localcluster.ClusterError, OSError, subprocess.CalledProcessError) as exc:
         pytest.fail(
             "the local control plane could not be started (hack/gpulane_cluster.py up):\n"
             + "\n".join(messages)
-            + f"\n{exc}\nBuild the tools with `make tools`; component logs are in "
-            + str(localcluster.default_state_dir() / "logs"),
+            + f"\n{exc}\nBuild the tools with `make tools`; component logs are in {state_dir / 'logs'}",
             pytrace=False,
         )
-    started = info.started
+    # A group's own cluster is its alone (one left by a killed run included): it always stops with the group.
+    started = info.started or bool(own)
     yield Cluster(info, started)
     if os.environ.get("GPULANE_KEEP_CLUSTER"):
         started = False  # leave it running; `make cluster-down` stops it
     # Stops the cluster if this session started it and no other live session is still using it (the last
     # one to leave stops it then); a cluster that was already running is left as it was.
-    localcluster.release(os.getpid(), started, log=lambda _msg: None)
+    localcluster.release(os.getpid(), started, log=lambda _msg: None, state_dir=state_dir)
 
 
 @pytest.fixture(scope="session")

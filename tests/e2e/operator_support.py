@@ -27,16 +27,12 @@ from kubernetes import client
 
 from .support import REPO, Cluster, ServingCert, localcluster, recording_watch, wait_until
 
+from suite_groups import free_port  # isort: skip  (tests/, put on sys.path by .support)
+
 GROUP, VERSION = "gpulane.io", "v1alpha1"
 API = f"{GROUP}/{VERSION}"
 OPERATOR_NAMESPACE = "gpulane-system"
 READY_DELAY = "gpulane.dev/kwok-ready-delay"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 PR_SET_PDEATHSIG = 1

@@ -27,6 +27,8 @@ from kubernetes import watch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
+if str(REPO / "tests") not in sys.path:  # suite_groups, for the benches that import this support too
+    sys.path.insert(0, str(REPO / "tests"))
 
 import gpulane_cluster as localcluster  # noqa: E402  (lives in hack/, which is not a package)
 

@@ -23,7 +23,7 @@ from gpulane.admission.configuration import webhook_configurations
 from .operator_support import API, GROUP, VERSION, OperatorProcess, WebhookProcess, World, free_port, tls_ready
 from .support import REPO, Cluster, ServingCert, make_serving_cert, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 USERS_GROUP = "gpulane-e2e-submitters"
 # The e2e operator runs with the local cluster's admin credentials: this is its username.

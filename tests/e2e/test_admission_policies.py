@@ -33,7 +33,7 @@ from gpulane.admission.configuration import webhook_configurations
 from .operator_support import API, GROUP, VERSION, WebhookProcess, World
 from .support import make_serving_cert, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 LABEL = "gpulane.io/admission-mode"
 OPERATOR_USER = "gpulane-admin"

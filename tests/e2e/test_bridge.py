@@ -23,7 +23,7 @@ import yaml
 from .operator_support import OPERATOR_NAMESPACE, BridgeProcess, FakeBackendProcess, OperatorProcess, World
 from .support import REPO, Cluster, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 APP_KEY = "sk-e2e-app-key-123"  # trusted: an application that serves its own users
 USER_KEY = "sk-e2e-user-key-456"  # an ordinary member, capped at normal priority

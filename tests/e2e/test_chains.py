@@ -14,7 +14,7 @@ from .operator_support import API, GROUP, VERSION, OperatorProcess, World
 from .support import REPO, wait_until
 from .test_explain import kubectl_gpulane
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 
 def chain_status(world: World, name: str) -> dict[str, Any]:

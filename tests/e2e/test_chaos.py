@@ -19,7 +19,7 @@ import pytest
 
 from .support import REPO, Cluster, localcluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.last]
+pytestmark = [pytest.mark.e2e("gpu-0"), pytest.mark.last]
 
 SEED = 17  # fixed, so that a failure here is the same run again with `bench/chaos.py --seed 17 --rounds 1`
 

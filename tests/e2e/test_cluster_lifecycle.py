@@ -13,7 +13,7 @@ import pytest
 
 from .support import Cluster, localcluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 # Port bases away from the default (16000) so these tests never touch the session's cluster.
 SPARE_BASE = 27000

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from .support import Cluster, localcluster, recording_watch, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 GPU = "nvidia.com/gpu"
 
@@ -278,10 +278,11 @@ def test_versions_are_stamped(cluster: Cluster) -> None:
 
 
 def test_up_is_idempotent_and_reuses_the_running_cluster(cluster: Cluster) -> None:
-    again = localcluster.up(log=lambda _msg: None)
+    info = cluster.info
+    again = localcluster.up(log=lambda _msg: None, state_dir=info.state_dir, real_node=bool(info.real_node))
     assert not again.started
-    assert [p.pid for p in again.procs] == [p.pid for p in cluster.info.procs]
-    ok, text = localcluster.status()
+    assert [p.pid for p in again.procs] == [p.pid for p in info.procs]
+    ok, text = localcluster.status(state_dir=info.state_dir)
     assert ok, text
 
 
@@ -323,6 +324,7 @@ def test_rbac_is_enforced_for_a_service_account(
     assert as_reader("get", "configmaps", "-n", namespace).returncode != 0
 
 
+@pytest.mark.e2e("gpu-0")  # its pods run on the real node
 def test_helm_installs_a_chart_and_waits_for_its_deployment(
     cluster: Cluster, core_v1: client.CoreV1Api, namespace: str, tmp_path: Path
 ) -> None:

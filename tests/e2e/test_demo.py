@@ -22,7 +22,7 @@ from gpulane.api.times import parse_time
 
 from .support import Cluster
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("gpu-0")
 
 
 def band(job: dict[str, Any]) -> int:

@@ -16,7 +16,7 @@ from gpulane.api.times import parse_time
 from .operator_support import BridgeProcess, OperatorProcess, World
 from .support import REPO, Cluster, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("gpu-0")
 
 EXAMPLES = REPO / "examples"
 SHOTS = [f"film-shot-{i}" for i in range(1, 6)]

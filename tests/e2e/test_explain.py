@@ -11,7 +11,7 @@ import pytest
 from .operator_support import OperatorProcess, World
 from .support import REPO, Cluster, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 
 def kubectl_gpulane(cluster: Cluster, *args: str) -> str:

@@ -28,7 +28,7 @@ REAL_BASE = 29000
 SHARED_WAIT = 900.0
 
 # The first test's setup may wait SHARED_WAIT for other sessions: beyond the suite's timeout (pyproject.toml).
-pytestmark = [pytest.mark.e2e, pytest.mark.last, pytest.mark.timeout(SHARED_WAIT + 300)]
+pytestmark = [pytest.mark.e2e("gpu-0"), pytest.mark.last, pytest.mark.timeout(SHARED_WAIT + 300)]
 host = localcluster.host
 
 

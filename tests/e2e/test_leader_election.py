@@ -17,7 +17,7 @@ from gpulane.api.times import parse_time
 from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World
 from .support import Cluster, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 # Short timings so the test is quick: a Lease not renewed for 4 s passes to the standby.
 ELECTION = ("--leader-elect", "--leader-elect-namespace", OPERATOR_NAMESPACE, "--leader-elect-lease-seconds", "4",

@@ -8,7 +8,7 @@ import pytest
 
 from .operator_support import API, OperatorProcess, World
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 
 def test_a_slow_load_for_a_batch_job_yields_to_an_interactive_job(world: World, operator: OperatorProcess) -> None:

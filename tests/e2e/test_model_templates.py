@@ -20,7 +20,7 @@ from kubernetes import client
 from .operator_support import API, OPERATOR_NAMESPACE, World
 from .support import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 CHECK = (
     "import os; print(open('/models/tiny.gguf').read().strip()); print(os.environ['HF_TOKEN']);"
@@ -44,6 +44,7 @@ def accepted(world: World, model: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == "Accepted"), {})
 
 
+@pytest.mark.e2e("gpu-0")  # its pods run on the real node
 def test_a_template_serves_with_its_weights_shm_and_secret_on_gpu_0(
     world: World, core_v1: client.CoreV1Api, weights: Path
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 from .operator_support import OperatorProcess, World, first_write, phase_watch, pod_watch
 from .support import REPO, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 
 def test_dispatch_order_follows_the_scores(world: World, operator: OperatorProcess) -> None:

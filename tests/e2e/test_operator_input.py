@@ -12,7 +12,7 @@ import yaml
 from .operator_support import API, OperatorProcess, World
 from .support import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 
 def _refused(world: World, doc: dict) -> str:

@@ -24,7 +24,7 @@ from .operator_support import API, OPERATOR_NAMESPACE, BridgeProcess, OperatorPr
 from .support import Cluster, localcluster, wait_until
 from .tiny_gguf import write_tiny_model
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("gpu-0")
 
 KEY = "sk-e2e-real-node-key"
 

@@ -23,7 +23,7 @@ import pytest
 
 from .support import Cluster, localcluster, make_serving_cert, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("gpu-0")
 
 # Away from the session's cluster (16000) and the lifecycle tests' (27000).
 SPARE_BASE = 28000

@@ -14,7 +14,7 @@ from kubernetes import client
 
 from .support import AdmissionWebhookServer, Cluster, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.e2e("kwok")
 
 REJECT_MESSAGE = "gpulane-e2e-webhook refuses configmaps labelled e2e-reject"
 
