@@ -113,7 +113,12 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         assert gap > 0, f"the new leader took the Lease {-gap:.2f}s before the old one's fence closed"
         wait_until(lambda: leads(c), timeout=30, what="the third replica to lead")
         world.complete(arrivals[0])
-        world.wait_phase(arrivals[1], "Running", timeout=30)
+        try:
+            world.wait_phase(arrivals[1], "Running", timeout=30)
+        except AssertionError as err:
+            jobs = {n: world.status(n) for n in arrivals}
+            err.add_note(f"jobs: {jobs}\nlane: {world.cluster_status('gpulanes', lane)}\nC's log:\n{c.log_tail()}")
+            raise
         b.proc.send_signal(signal.SIGCONT)  # it wakes with a Lease long expired and stale state
         b.proc.wait(timeout=30)
         log = b.log_path.read_text()
