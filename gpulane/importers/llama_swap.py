@@ -5,7 +5,10 @@ key that cannot be carried over, saying why. Macros are expanded as llama-swap e
 the model's own, each able to use those before it; ``${env.NAME}``; ``${PORT}`` and ``${MODEL_ID}``).
 A ``cmd`` becomes the serving container's command and args, with its program mapped to an image by
 ``--image PROGRAM=IMAGE``; a ``docker run`` or ``podman run`` line gives its own image, volumes, env and
-port. The exit status is non-zero only when the file is not a llama-swap configuration (docs/migration.md).
+port. What would not run in a pod is rewritten, each time with a warning: a server bound to loopback is
+bound to every address, and ``${env.NAME}`` is read from a Secret instead of written into the manifest
+(``--expand-env NAME`` for a value that is no secret, a path or a port). The exit status is non-zero only
+when the file is not a llama-swap configuration (docs/migration.md).
 """
 
 from __future__ import annotations
@@ -23,12 +26,28 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from gpulane.api.pod_templates import SERVING_CONTAINER
 from gpulane.api.resources import API_VERSION, GpuModelSpec
 
 DEFAULT_START_PORT = 5800  # llama-swap's startPort: ${PORT}; each GpuModel is a pod of its own
 MACRO = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME_CHARS = re.compile(r"[^a-z0-9.-]+")
 PARALLEL_FLAGS = ("--parallel", "-np")  # llama-server's slots: how many jobs it serves at once
+# Servers that listen on 127.0.0.1 unless told otherwise (each one's --help), and the flag that moves them.
+LOOPBACK_SERVERS = {
+    "llama-server": "--host",
+    "whisper-server": "--host",
+    "sd-server": "--listen-ip",
+    "sglang.launch_server": "--host",
+}
+BIND_FLAGS = ("--host", "--listen-ip")
+ANY_ADDRESS = "0.0.0.0"
+# Host paths a model server has no business with: the host's root, its kernel's and runtime's interfaces, the
+# kubelet's and the container runtimes' state (their sockets run any container as root).
+HOST_PATHS_REFUSED = ("/proc", "/sys", "/dev", "/etc", "/boot", "/root", "/run", "/var/run", "/var/lib/kubelet",
+                      "/var/lib/docker", "/var/lib/containerd", "/var/lib/rancher")  # fmt: skip
+SECRET = "llama-swap-env"  # the Secret that ${env.NAME} is read from, by default
+BACKEND_NAMESPACE = "gpulane-system"  # where backend pods run (the operator's --namespace), by default
 # Top-level keys that configure llama-swap itself, and what gpulane does instead.
 GLOBAL_KEYS = {
     "logLevel": "the operator and the bridge log with --verbose",
@@ -106,6 +125,32 @@ class NotLlamaSwap(ValueError):
 
 
 @dataclass
+class Environment:
+    """How ``${env.NAME}`` is written. llama-swap reads it from its own environment; a manifest would carry the
+    value in clear, to whoever may read GpuModels. So it becomes ``$(NAME)``, which Kubernetes fills in from
+    the serving container's env, read from a Secret (``secret_env``). Names given to ``--expand-env`` (a
+    path, a port: nothing secret) are read from the importing shell instead."""
+
+    values: Mapping[str, str] = field(default_factory=dict)
+    expanded: frozenset[str] = frozenset()
+    secret: str = SECRET
+    referenced: set[str] = field(default_factory=set)
+
+    def value(self, name: str, where: str) -> str:
+        if name not in self.expanded:
+            self.referenced.add(name)
+            return f"$({name})"
+        if name not in self.values:
+            raise NotLlamaSwap(f"{where}: ${{env.{name}}} is not set in the environment (llama-swap refuses it too)")
+        return self.values[name]
+
+    def secret_env(self, *texts: str) -> list[dict[str, Any]]:
+        """The env entries that read, from the Secret, the names ``texts`` refer to as ``$(NAME)``."""
+        used = sorted(n for n in self.referenced if any(f"$({n})" in t for t in texts))
+        return [{"name": n, "valueFrom": {"secretKeyRef": {"name": self.secret, "key": n}}} for n in used]
+
+
+@dataclass
 class Import:
     warnings: list[str] = field(default_factory=list)
 
@@ -113,16 +158,14 @@ class Import:
         self.warnings.append(f"{where}: {message}")
 
 
-def expand(text: str, macros: Mapping[str, str], environ: Mapping[str, str], where: str) -> str:
+def expand(text: str, macros: Mapping[str, str], environ: Environment, where: str) -> str:
     """llama-swap's substitution: ``${env.NAME}`` first, then the macros (which may use earlier ones)."""
 
     def env(match: re.Match[str]) -> str:
         name = match[1]
         if not name.startswith("env."):
             return match[0]
-        if name[4:] not in environ:
-            raise NotLlamaSwap(f"{where}: ${{{name}}} is not set in the environment (llama-swap refuses it too)")
-        return environ[name[4:]]
+        return environ.value(name[4:], where)
 
     text = MACRO.sub(env, text)
     for _ in range(16):  # macros of macros, as far as they go
@@ -133,7 +176,7 @@ def expand(text: str, macros: Mapping[str, str], environ: Mapping[str, str], whe
     return text
 
 
-def macro_table(raw: Any, where: str, inherited: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+def macro_table(raw: Any, where: str, inherited: Mapping[str, str], environ: Environment) -> dict[str, str]:
     table = dict(inherited)
     if raw is None:
         return table
@@ -151,6 +194,44 @@ def _scalar(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _loopback(address: str) -> bool:
+    host = address.strip("[]").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def server_of(words: list[str]) -> str | None:
+    """Which of LOOPBACK_SERVERS a command runs: its program's name, or the module of ``python -m``."""
+    names = {Path(words[0]).name, *(words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m")}
+    return next((server for server in LOOPBACK_SERVERS if server in names), None)
+
+
+def bind_anywhere(words: list[str], server: str | None, where: str, out: Import) -> list[str]:
+    """The arguments with a bind address that a pod is reached on: in a pod, loopback is the container's
+    own, which neither the kubelet's readiness probe nor the bridge (both call the pod's IP) can reach."""
+    words = list(words)
+    flags = (*BIND_FLAGS, "-l") if server == "sd-server" else BIND_FLAGS  # sd-server's short --listen-ip
+    bound = False
+    for i, word in enumerate(words):
+        flag, eq, inline = word.partition("=")
+        if flag not in flags or (not eq and i + 1 >= len(words)):
+            continue
+        bound = True
+        address = inline if eq else words[i + 1]
+        if _loopback(address):
+            if eq:
+                words[i] = f"{flag}={ANY_ADDRESS}"
+            else:
+                words[i + 1] = ANY_ADDRESS
+            out.warn(where, f"{flag} {address}: in a pod nothing outside the container reaches loopback (the "
+                     f"kubelet's probe and the bridge call the pod's IP); written as {flag} {ANY_ADDRESS}")  # fmt: skip
+    if not bound and server is not None:
+        flag = LOOPBACK_SERVERS[server]
+        words += [flag, ANY_ADDRESS]
+        out.warn(where, f"{server} listens on 127.0.0.1 unless told otherwise, which nothing outside its "
+                 f"container reaches: {flag} {ANY_ADDRESS} added")  # fmt: skip
+    return words
+
+
 def command_words(cmd: str) -> list[str]:
     """A ``cmd`` as llama-swap reads it: comment lines of a block dropped, then split like a shell does."""
     lines = [line.split(" #", 1)[0] for line in cmd.splitlines() if not line.strip().startswith("#")]
@@ -161,6 +242,15 @@ def model_name(model_id: str) -> str:
     """A GpuModel name (a DNS subdomain) for a llama-swap model ID."""
     name = NAME_CHARS.sub("-", model_id.lower()).strip("-.")
     return name[:253] or "model"
+
+
+def _refused_host_path(path: str) -> str | None:
+    """Why a model's pod may not mount host path ``path``, or None."""
+    normal = os.path.normpath(path)
+    if normal == "/":
+        return "the host's whole filesystem"
+    under = next((p for p in HOST_PATHS_REFUSED if normal == p or normal.startswith(p + "/")), None)
+    return None if under is None else f"{under} is the host's own (its kernel, runtime or kubelet)"
 
 
 def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -178,6 +268,9 @@ def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[
             target, _, mode = rest.partition(":")
             if not source.startswith("/"):
                 out.warn(where, f"volume {value!r}: only host paths carry over (a named volume is Docker's)")
+                continue
+            if refused := _refused_host_path(source):
+                out.warn(where, f"volume {value!r} refused: {refused}; not carried over")
                 continue
             name = f"vol-{len(volumes)}"
             volumes.append({"name": name, "hostPath": {"path": source}})
@@ -216,7 +309,7 @@ def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[
 
 def model_manifest(
     model_id: str, raw: Mapping[str, Any], macros: Mapping[str, str], images: Mapping[str, str],
-    environ: Mapping[str, str], start_port: int, health_timeout: int | None, out: Import,
+    environ: Environment, start_port: int, health_timeout: int | None, out: Import, runtime_class: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     where = f"models.{model_id}"
     table = macro_table(raw.get("macros"), f"{where}.macros", macros, environ)
@@ -233,9 +326,13 @@ def model_manifest(
     if Path(words[0]).name in ("docker", "podman") and len(words) > 1 and words[1] == "run":
         container, volumes = from_container_run(words, f"{where}.cmd", out)
         port = container.pop("_port", port)
+        if "args" in container:  # the image's own entrypoint: only an explicit loopback address is known
+            container["args"] = bind_anywhere(container["args"], None, f"{where}.cmd", out)
+        container["env"] = _from_secret(container["env"], environ)
         container = {k: v for k, v in container.items() if v}
         template_spec = {"containers": [container], **({"volumes": volumes} if volumes else {})}
     else:
+        words = bind_anywhere(words, server_of(words), f"{where}.cmd", out)
         program = words[0]
         image = images.get(program) or images.get(Path(program).name)
         if image is None:
@@ -244,7 +341,11 @@ def model_manifest(
         spec.update(image=image, command=[program], args=words[1:])
     proxy = raw.get("proxy")
     if proxy is not None:
-        url = urlsplit(expand(str(proxy), table, environ, f"{where}.proxy"))
+        address = expand(str(proxy), table, environ, f"{where}.proxy")
+        if ref := re.search(r"\$\(([A-Za-z0-9_.-]+)\)", address):
+            raise NotLlamaSwap(f"{where}.proxy: ${{env.{ref[1]}}} in an address: give --expand-env {ref[1]} (an "
+                               "address is no secret; it is read from this shell then)")  # fmt: skip
+        url = urlsplit(address)
         if template_spec and url.port != port:  # docker's -p HOST:CONTAINER: the pod is called on CONTAINER
             out.warn(f"{where}.proxy", f"port {url.port} is the host's; the pod is called on its container port {port}")
         elif url.port is None:
@@ -259,13 +360,31 @@ def model_manifest(
         out.warn(f"{where}.checkEndpoint", "none: gpulane needs a readiness path; /health is assumed")
     elif check is not None:
         spec["readinessPath"] = str(check) if str(check).startswith("/") else f"/{check}"
-    env = raw.get("env") or []
-    for entry in env:
+    env: list[dict[str, Any]] = []
+    for entry in raw.get("env") or []:
         name, eq, value = str(entry).partition("=")
         if not eq:
             out.warn(f"{where}.env", f"{entry!r} is not NAME=value")
             continue
-        spec.setdefault("env", []).append({"name": name, "value": expand(value, table, environ, f"{where}.env")})
+        env.append({"name": name, "value": expand(value, table, environ, f"{where}.env")})
+    env = _from_secret(env, environ)
+    if plain := [e for e in env if "value" in e]:
+        spec["env"] = plain
+    # A docker run line's container is the serving one; a cmd's gets a template container for its Secret env.
+    serving: dict[str, Any] = template_spec["containers"][0] if template_spec else {"name": SERVING_CONTAINER}
+    texts = [*spec.get("args", []), *(e["value"] for e in plain), *serving.get("args", []),
+             *(e.get("value", "") for e in serving.get("env", []))]  # fmt: skip
+    secret = [e for e in [*environ.secret_env(*texts), *(e for e in env if "valueFrom" in e)]
+              if e["name"] not in {x["name"] for x in serving.get("env", [])}]  # fmt: skip
+    if secret:  # before the entries that use them: Kubernetes fills in $(NAME) from those defined earlier
+        serving["env"] = [*secret, *serving.get("env", [])]
+        template_spec.setdefault("containers", [serving])
+    keys = {e["valueFrom"]["secretKeyRef"]["key"] for e in serving.get("env", []) if "valueFrom" in e}
+    for name in sorted(keys):
+        out.warn(where, f"${{env.{name}}} is read from Secret {environ.secret} (key {name}), never written into "
+                 "the manifest")  # fmt: skip
+    if runtime_class:
+        template_spec["runtimeClassName"] = runtime_class
     slots = _parallel(words)
     if slots is not None:
         spec["maxConcurrency"] = slots
@@ -330,10 +449,23 @@ def _parallel(words: list[str]) -> int | None:
     return None
 
 
+def _from_secret(env: list[dict[str, Any]], environ: Environment) -> list[dict[str, Any]]:
+    """An entry whose whole value is ``${env.NAME}`` reads it from the Secret itself (``$(NAME)`` of its own
+    name would name nothing, and another name needs no second entry)."""
+    out = []
+    for entry in env:
+        ref = re.fullmatch(r"\$\(([A-Za-z0-9_.-]+)\)", entry.get("value", ""))
+        if ref and ref[1] in environ.referenced:
+            entry = {"name": entry["name"], "valueFrom": {"secretKeyRef": {"name": environ.secret, "key": ref[1]}}}
+        out.append(entry)
+    return out
+
+
 def convert(
-    config: Any, images: Mapping[str, str], environ: Mapping[str, str] = os.environ
+    config: Any, images: Mapping[str, str], environ: Environment | None = None, runtime_class: str | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """GpuModel manifests for a parsed llama-swap configuration, and the warnings."""
+    environ = environ or Environment(os.environ)
     if not isinstance(config, Mapping) or not isinstance(config.get("models"), Mapping) or not config["models"]:
         raise NotLlamaSwap("not a llama-swap configuration: it has no 'models' mapping")
     out = Import()
@@ -351,7 +483,7 @@ def convert(
         if not isinstance(raw, Mapping):
             raise NotLlamaSwap(f"models.{model_id}: a model is a mapping")
         manifests.append(model_manifest(str(model_id), raw, macros, images, environ, start_port,
-                                        int(health) if health is not None else None, out))  # fmt: skip
+                                        int(health) if health is not None else None, out, runtime_class))  # fmt: skip
     return manifests, out.warnings
 
 
@@ -359,6 +491,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="llama-swap's config.yaml")
     parser.add_argument("--image", action="append", default=[], metavar="PROGRAM=IMAGE",
                         help="the image that runs PROGRAM (a cmd's first word, its path or its name)")  # fmt: skip
+    parser.add_argument("--runtime-class", metavar="NAME",
+                        help="runtimeClassName of every model's pods (nvidia on k3s and the GPU Operator)")  # fmt: skip
+    parser.add_argument("--expand-env", action="append", default=[], metavar="NAME",
+                        help="write ${env.NAME} from this shell (a path, a port), not from a Secret")  # fmt: skip
+    parser.add_argument("--secret", default=SECRET,
+                        help="the Secret that ${env.NAME} is read from (default %(default)s)")  # fmt: skip
+    parser.add_argument("--namespace", default=BACKEND_NAMESPACE,
+                        help="the backend pods' namespace, for the Secret's command (default %(default)s)")  # fmt: skip
 
 
 def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> int:
@@ -369,13 +509,18 @@ def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: pri
             warn(f"error: --image {item!r} is not PROGRAM=IMAGE")
             return 2
         images[program] = image
+    environ = Environment(os.environ, frozenset(args.expand_env), args.secret)
     try:
         config = yaml.safe_load(args.config.read_text())
-        manifests, warnings = convert(config, images)
+        manifests, warnings = convert(config, images, environ, args.runtime_class)
     except (OSError, yaml.YAMLError, NotLlamaSwap, ValueError) as err:
         warn(f"error: {args.config}: {err}")
         return 1
     for line in warnings:
         warn(f"warning: {line}")
+    if environ.referenced:
+        literals = " ".join(f'--from-literal={n}="${n}"' for n in sorted(environ.referenced))
+        warn(f"note: create the Secret before the models, from this shell's values (none is printed): "
+             f"kubectl create secret generic {args.secret} -n {args.namespace} {literals}")  # fmt: skip
     sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
     return 0

@@ -114,12 +114,16 @@ def test_a_llama_swap_configurations_import_is_what_the_apiserver_accepts(world:
     """`gpulane import-llama-swap` on a configuration using every key of llama-swap's format: its GpuModels
     pass a server-side dry run (the CRD's schema and rules, admission), and nothing is created."""
     config = Path(__file__).resolve().parents[1] / "unit" / "data" / "llama-swap-config.yaml"
+    secret = "hf_never_in_a_manifest"
     proc = subprocess.run(
         [sys.executable, "-m", "gpulane.cli", "import-llama-swap", str(config),
-         "--image", "/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda"],
-        capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "MODELS_DIR": "/srv/models"},
+         "--image", "/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda", "--expand-env", "MODELS_DIR",
+         "--runtime-class", "nvidia"],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "MODELS_DIR": "/srv/models", "HF_TOKEN": secret},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert secret not in proc.stdout + proc.stderr and "secretKeyRef" in proc.stdout
     applied = world.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=proc.stdout)
     assert applied.stdout.count("(server dry run)") == 3, applied.stdout
     assert "qwen-coder-7b" in applied.stdout

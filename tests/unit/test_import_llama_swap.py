@@ -10,16 +10,25 @@ from typing import Any
 import pytest
 import yaml
 
-from gpulane.importers.llama_swap import NotLlamaSwap, command_words, convert, run
+from gpulane.importers.llama_swap import Environment, NotLlamaSwap, add_arguments, command_words, convert, run
 
 CONFIG = Path(__file__).parent / "data" / "llama-swap-config.yaml"
-ENV = {"MODELS_DIR": "/srv/models"}
+HF_TOKEN = "hf_secret_value_0123"
+ENV = {"MODELS_DIR": "/srv/models", "HF_TOKEN": HF_TOKEN}
 IMAGES = {"/app/llama-server": "ghcr.io/ggml-org/llama.cpp:server-cuda"}
 
 
 def imported() -> tuple[dict[str, dict[str, Any]], list[str]]:
-    manifests, warnings = convert(yaml.safe_load(CONFIG.read_text()), IMAGES, ENV)
+    environ = Environment(ENV, frozenset({"MODELS_DIR"}))
+    manifests, warnings = convert(yaml.safe_load(CONFIG.read_text()), IMAGES, environ)
     return {m["metadata"]["name"]: m for m in manifests}, warnings
+
+
+def cli(*argv: str) -> argparse.Namespace:
+    """The command's arguments, parsed by its own parser."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
 
 
 def test_a_cmd_with_macros_becomes_the_serving_containers_command_and_args() -> None:
@@ -29,11 +38,18 @@ def test_a_cmd_with_macros_becomes_the_serving_containers_command_and_args() -> 
     assert spec["command"] == ["/app/llama-server"]
     # ${PORT} is startPort; ${env.X}; comments dropped. Macros expand where they are defined, as llama-swap's
     # do: the global default_args took the global default_ctx, whatever the model's own default_ctx.
+    # --expand-env MODELS_DIR: a path, read from the importing shell; llama-server's loopback default moved.
     assert spec["args"] == ["--port", "10001", "--model", "/srv/models/qwen2.5-7b.gguf", "--ctx-size", "4096",
-                            "--temp", "0.7", "--parallel", "4", "--alias", "qwen-7b"]  # fmt: skip
+                            "--temp", "0.7", "--parallel", "4", "--alias", "qwen-7b", "--host", "0.0.0.0"]  # fmt: skip
     assert spec["port"] == 10001 and spec["readinessPath"] == "/health"
     assert spec["env"] == [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
                            {"name": "LLAMA_ARG_FLASH_ATTN", "value": "0.7"}]  # fmt: skip
+    # HF_TOKEN=${env.HF_TOKEN}: from the Secret, on the serving container; its value is nowhere.
+    assert spec["template"]["spec"]["containers"] == [
+        {"name": "backend", "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "llama-swap-env",
+                                                                                         "key": "HF_TOKEN"}}}]}
+    ]  # fmt: skip
+    assert HF_TOKEN not in yaml.safe_dump(spec)
     assert spec["maxConcurrency"] == 4, "llama-server --parallel: its slots"
     assert spec["loadTimeoutSeconds"] == 500, "healthCheckTimeout"
 
@@ -77,6 +93,7 @@ def test_aliases_and_use_model_name_carry_over_and_a_renamed_model_keeps_its_nam
 def test_every_key_that_does_not_carry_over_is_one_warning_line_saying_why() -> None:
     models, warnings = imported()
     assert models["sdxl"]["spec"]["image"] == "set-me/sd-server"
+    assert models["sdxl"]["spec"]["args"] == ["--listen-ip", "0.0.0.0", "--listen-port", "10001"]
     assert models["sdxl"]["spec"]["readinessPath"] == "/sdapi/v1/options"
     keys = [w.split(":", 1)[0] for w in warnings]
     for key in ("logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer",
@@ -84,9 +101,9 @@ def test_every_key_that_does_not_carry_over_is_one_warning_line_saying_why() -> 
                 "groups", "upstream", "models.qwen-7b.ttl",
                 "models.qwen-7b.filters", "models.qwen-7b.concurrencyLimit", "models.qwen-7b.name",
                 "models.qwen-7b.description", "models.qwen-7b.unlisted", "models.qwen-7b.cmdStop",
-                "models.qwen-7b.metadata", "models.qwen-7b.unloadTimeout", "models.sdxl.cmd",
-                "models.sdxl.proxy"):  # fmt: skip
+                "models.qwen-7b.metadata", "models.qwen-7b.unloadTimeout", "models.sdxl.proxy"):  # fmt: skip
         assert keys.count(key) == 1, (key, warnings)
+    assert keys.count("models.sdxl.cmd") == 2, "no image; its loopback address"
     assert all(len(w.split(": ", 1)[1]) > 10 for w in warnings), "each says why"
 
 
@@ -94,11 +111,22 @@ def test_the_command_prints_manifests_and_warns_on_stderr(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MODELS_DIR", "/srv/models")
-    args = argparse.Namespace(config=CONFIG, image=["/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda"])
+    monkeypatch.setenv("HF_TOKEN", HF_TOKEN)
+    args = cli(str(CONFIG), "--image", "/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda",
+               "--expand-env", "MODELS_DIR", "--runtime-class", "nvidia")  # fmt: skip
     assert run(args) == 0
     out, err = capsys.readouterr()
-    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out)] == ["qwen-7b", "qwen-coder-7b", "sdxl"]
-    assert all(line.startswith("warning: ") for line in err.splitlines()) and "ttl" in err
+    models = list(yaml.safe_load_all(out))
+    assert [d["metadata"]["name"] for d in models] == ["qwen-7b", "qwen-coder-7b", "sdxl"]
+    assert all(m["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia" for m in models)
+    *warnings, note = err.splitlines()
+    assert all(line.startswith("warning: ") for line in warnings) and "ttl" in err
+    # What the user runs to make the Secret: the names, read from their shell, never the values.
+    assert note == (
+        "note: create the Secret before the models, from this shell's values (none is printed): "
+        'kubectl create secret generic llama-swap-env -n gpulane-system --from-literal=HF_TOKEN="$HF_TOKEN"'
+    )
+    assert HF_TOKEN not in out + err
 
 
 @pytest.mark.parametrize(
@@ -109,6 +137,7 @@ def test_the_command_prints_manifests_and_warns_on_stderr(
         ("models: {m: {proxy: x}}\n", "models.m: cmd is required"),
         ("macros: {PORT: 1}\nmodels: {m: {cmd: x}}\n", "PORT is a reserved macro name"),
         ("models: {m: {cmd: 'x ${env.NOT_SET_HERE}'}}\n", "${env.NOT_SET_HERE} is not set in the environment"),
+        ("models: {m: {cmd: x, proxy: 'http://h:${env.P}'}}\n", "${env.P} in an address: give --expand-env P"),
         ("models: {m: {cmd: 'docker run --rm'}}\n", "the docker run line names no image"),
         ("models: [\n", "while parsing"),
     ],
@@ -117,14 +146,14 @@ def test_a_file_that_is_not_a_llama_swap_configuration_fails_saying_why(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, says: str
 ) -> None:
     (path := tmp_path / "config.yaml").write_text(text)
-    assert run(argparse.Namespace(config=path, image=[])) == 1
+    assert run(cli(str(path), "--expand-env", "NOT_SET_HERE")) == 1
     out, err = capsys.readouterr()
     assert out == "" and says in err, err
 
 
 def test_a_bad_image_mapping_is_refused() -> None:
     lines: list[str] = []
-    assert run(argparse.Namespace(config=CONFIG, image=["nothing"]), warn=lines.append) == 2
+    assert run(cli(str(CONFIG), "--image", "nothing"), warn=lines.append) == 2
     assert lines == ["error: --image 'nothing' is not PROGRAM=IMAGE"]
 
 
@@ -132,3 +161,89 @@ def test_commands_split_like_a_shell_without_their_comments() -> None:
     assert command_words("# first\n/app/x --a 'b c'   # trailing\n--d") == ["/app/x", "--a", "b c", "--d"]
     with pytest.raises(NotLlamaSwap):
         convert({"models": {"m": {"cmd": ""}}}, {})
+
+
+def one(cmd: str, *, expanded: frozenset[str] = frozenset(), runtime_class: str | None = None,
+        **raw: Any) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    environ = Environment({"SHM": "/dev/shm", "TOKEN": "tok-value-42"}, expanded)
+    [manifest], warnings = convert({"models": {"m": {"cmd": cmd, **raw}}}, {}, environ, runtime_class)
+    return manifest["spec"], warnings
+
+
+@pytest.mark.parametrize(
+    ("cmd", "args"),
+    [
+        ("/bin/llama-server -m x.gguf --host 127.0.0.1", ["-m", "x.gguf", "--host", "0.0.0.0"]),
+        ("/bin/llama-server --host=localhost", ["--host=0.0.0.0"]),
+        ("whisper-server -m w.bin", ["-m", "w.bin", "--host", "0.0.0.0"]),
+        ("/opt/sd-server -l 127.0.0.2 -m sd.gguf", ["-l", "0.0.0.0", "-m", "sd.gguf"]),
+        ("sd-server -m sd.gguf", ["-m", "sd.gguf", "--listen-ip", "0.0.0.0"]),
+        (
+            "python3 -m sglang.launch_server --model-path q",
+            ["-m", "sglang.launch_server", "--model-path", "q", "--host", "0.0.0.0"],
+        ),
+        ("vllm serve q --host ::1", ["serve", "q", "--host", "0.0.0.0"]),
+    ],
+    ids=["llama-server", "inline", "whisper-default", "sd-short", "sd-default", "sglang-default", "any-ipv6"],
+)
+def test_a_server_bound_to_loopback_is_bound_to_every_address_with_a_warning(cmd: str, args: list[str]) -> None:
+    spec, warnings = one(cmd)
+    assert spec["args"] == args
+    assert [w for w in warnings if "0.0.0.0" in w], warnings
+
+
+@pytest.mark.parametrize("cmd", ["/bin/llama-server --host 0.0.0.0", "vllm serve q", "/bin/x --host 10.0.0.5"])
+def test_a_reachable_address_or_an_unknown_servers_default_is_left_alone(cmd: str) -> None:
+    spec, warnings = one(cmd)
+    assert spec["args"] == cmd.split()[1:] and not [w for w in warnings if "0.0.0.0" in w]
+
+
+def test_a_docker_run_lines_loopback_argument_is_rewritten_too() -> None:
+    spec, warnings = one("docker run img:1 --host 127.0.0.1 --port 8080")
+    assert spec["template"]["spec"]["containers"][0]["args"] == ["--host", "0.0.0.0", "--port", "8080"]
+    assert any("--host 127.0.0.1" in w for w in warnings)
+
+
+def test_every_model_gets_the_runtime_class() -> None:
+    spec, _ = one("/bin/llama-server --host 0.0.0.0", runtime_class="nvidia")
+    assert spec["template"] == {"spec": {"runtimeClassName": "nvidia"}}
+    spec, _ = one("docker run img:1", runtime_class="nvidia")
+    assert spec["template"]["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_env_in_a_command_a_macro_or_a_docker_line_is_read_from_the_secret_and_never_written() -> None:
+    spec, warnings = one("x --api-key ${env.TOKEN} --shm ${env.SHM}", expanded=frozenset({"SHM"}))
+    assert spec["args"] == ["--api-key", "$(TOKEN)", "--shm", "/dev/shm"]  # Kubernetes fills $(TOKEN) in
+    ref = {"secretKeyRef": {"name": "llama-swap-env", "key": "TOKEN"}}
+    assert spec["template"]["spec"]["containers"] == [{"name": "backend", "env": [{"name": "TOKEN", "valueFrom": ref}]}]
+    assert "tok-value-42" not in yaml.safe_dump(spec)
+    assert any("${env.TOKEN} is read from Secret llama-swap-env (key TOKEN)" in w for w in warnings)
+
+    spec, warnings = one("docker run -e KEY=${env.TOKEN} img:1")
+    assert spec["template"]["spec"]["containers"][0]["env"] == [{"name": "KEY", "valueFrom": ref}]
+    assert any("${env.TOKEN} is read from Secret" in w for w in warnings)
+    spec, _ = one("docker run -e KEY=${env.TOKEN} -e AUTH=Bearer_${env.TOKEN} img:1")
+    [container] = spec["template"]["spec"]["containers"]
+    assert container["env"] == [
+        {"name": "TOKEN", "valueFrom": ref},  # defined first: AUTH's $(TOKEN) refers to it
+        {"name": "KEY", "valueFrom": ref},
+        {"name": "AUTH", "value": "Bearer_$(TOKEN)"},
+    ]
+
+
+def test_an_env_entry_of_the_secret_alone_reads_it_under_its_own_name() -> None:
+    spec, _ = one("x", env=["API_KEY=${env.TOKEN}", "PLAIN=1"])
+    assert spec["env"] == [{"name": "PLAIN", "value": "1"}]
+    assert spec["template"]["spec"]["containers"][0]["env"] == [
+        {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "llama-swap-env", "key": "TOKEN"}}}
+    ]
+
+
+@pytest.mark.parametrize(
+    "volume", ["/:/host", "/var/run/docker.sock:/var/run/docker.sock", "/run/containerd:/c", "/etc/../etc:/e:ro",
+               "/proc:/p", "/var/lib/kubelet/pods:/k"],
+)  # fmt: skip
+def test_a_docker_lines_mount_of_the_hosts_own_paths_is_refused_with_a_warning(volume: str) -> None:
+    spec, warnings = one(f"docker run -v {volume} -v /srv/models:/models:ro img:1")
+    assert spec["template"]["spec"]["volumes"] == [{"name": "vol-0", "hostPath": {"path": "/srv/models"}}]
+    assert any(f"volume {volume!r} refused" in w for w in warnings), warnings
