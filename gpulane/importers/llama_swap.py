@@ -310,6 +310,7 @@ def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[
 def model_manifest(
     model_id: str, raw: Mapping[str, Any], macros: Mapping[str, str], images: Mapping[str, str],
     environ: Environment, start_port: int, health_timeout: int | None, out: Import, runtime_class: str | None = None,
+    weights_roots: tuple[str, ...] = (),
 ) -> dict[str, Any]:  # fmt: skip
     where = f"models.{model_id}"
     table = macro_table(raw.get("macros"), f"{where}.macros", macros, environ)
@@ -372,6 +373,11 @@ def model_manifest(
         spec["env"] = plain
     # A docker run line's container is the serving one; a cmd's gets a template container for its Secret env.
     serving: dict[str, Any] = template_spec["containers"][0] if template_spec else {"name": SERVING_CONTAINER}
+    if not template_spec:  # a cmd runs on the host: the host paths it names are mounted where it names them
+        volumes, mounts = host_mounts(spec["args"], weights_roots, f"{where}.cmd", out)
+        if mounts:
+            serving["volumeMounts"] = mounts
+            template_spec.update(containers=[serving], volumes=volumes)
     texts = [*spec.get("args", []), *(e["value"] for e in plain), *serving.get("args", []),
              *(e.get("value", "") for e in serving.get("env", []))]  # fmt: skip
     secret = [e for e in [*environ.secret_env(*texts), *(e for e in env if "valueFrom" in e)]
@@ -449,6 +455,42 @@ def _parallel(words: list[str]) -> int | None:
     return None
 
 
+def _paths(args: list[str]) -> list[str]:
+    """The absolute host paths among a command's arguments (``-m /x``, ``--model=/x``), normalised."""
+    found = []
+    for word in args:
+        value = word.partition("=")[2] if word.startswith("-") else word
+        if value.startswith("/") and "$(" not in value:
+            found.append(os.path.normpath(value))
+    return found
+
+
+def host_mounts(
+    args: list[str], roots: tuple[str, ...], where: str, out: Import
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Read-only hostPath volumes and their mounts, at the same paths, for the host paths a ``cmd`` names: each
+    path under a weights root mounts that root; without roots, each path mounts its directory (a name with
+    an extension is taken for a file), a directory inside another mounted one adding nothing."""
+    dirs: set[str] = set()
+    for path in _paths(args):
+        root = next((r for r in roots if path == r or path.startswith(r.rstrip("/") + "/")), None)
+        if roots and root is None:
+            out.warn(where, f"{path} is under no --weights-root: taken to be in the image, not mounted")
+            continue
+        folder = root or (os.path.dirname(path) if "." in os.path.basename(path) else path)
+        if refused := _refused_host_path(folder):
+            out.warn(where, f"{path}: mounting {folder} refused ({refused}); not mounted")
+            continue
+        dirs.add(folder)
+    kept = sorted(d for d in dirs if not any(d.startswith(o.rstrip("/") + "/") for o in dirs if o != d))
+    for folder in kept:
+        out.warn(where, f"{folder} is mounted read-only from the host at the same path (hostPath, a directory "
+                 "that must exist on the lane's node)")  # fmt: skip
+    volumes = [{"name": f"host-{i}", "hostPath": {"path": d, "type": "Directory"}} for i, d in enumerate(kept)]
+    mounts = [{"name": f"host-{i}", "mountPath": d, "readOnly": True} for i, d in enumerate(kept)]
+    return volumes, mounts
+
+
 def _from_secret(env: list[dict[str, Any]], environ: Environment) -> list[dict[str, Any]]:
     """An entry whose whole value is ``${env.NAME}`` reads it from the Secret itself (``$(NAME)`` of its own
     name would name nothing, and another name needs no second entry)."""
@@ -462,8 +504,9 @@ def _from_secret(env: list[dict[str, Any]], environ: Environment) -> list[dict[s
 
 
 def convert(
-    config: Any, images: Mapping[str, str], environ: Environment | None = None, runtime_class: str | None = None
-) -> tuple[list[dict[str, Any]], list[str]]:
+    config: Any, images: Mapping[str, str], environ: Environment | None = None, runtime_class: str | None = None,
+    weights_roots: tuple[str, ...] = (),
+) -> tuple[list[dict[str, Any]], list[str]]:  # fmt: skip
     """GpuModel manifests for a parsed llama-swap configuration, and the warnings."""
     environ = environ or Environment(os.environ)
     if not isinstance(config, Mapping) or not isinstance(config.get("models"), Mapping) or not config["models"]:
@@ -483,7 +526,8 @@ def convert(
         if not isinstance(raw, Mapping):
             raise NotLlamaSwap(f"models.{model_id}: a model is a mapping")
         manifests.append(model_manifest(str(model_id), raw, macros, images, environ, start_port,
-                                        int(health) if health is not None else None, out, runtime_class))  # fmt: skip
+                                        int(health) if health is not None else None, out, runtime_class,
+                                        weights_roots))  # fmt: skip
     return manifests, out.warnings
 
 
@@ -495,6 +539,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runtimeClassName of every model's pods (nvidia on k3s and the GPU Operator)")  # fmt: skip
     parser.add_argument("--expand-env", action="append", default=[], metavar="NAME",
                         help="write ${env.NAME} from this shell (a path, a port), not from a Secret")  # fmt: skip
+    parser.add_argument("--weights-root", action="append", default=[], metavar="DIR",
+                        help="where weights live on the GPU nodes: a cmd's paths under DIR mount DIR; others are "
+                        "taken to be in the image (default: each path's directory is mounted)")  # fmt: skip
     parser.add_argument("--secret", default=SECRET,
                         help="the Secret that ${env.NAME} is read from (default %(default)s)")  # fmt: skip
     parser.add_argument("--namespace", default=BACKEND_NAMESPACE,
@@ -512,7 +559,10 @@ def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: pri
     environ = Environment(os.environ, frozenset(args.expand_env), args.secret)
     try:
         config = yaml.safe_load(args.config.read_text())
-        manifests, warnings = convert(config, images, environ, args.runtime_class)
+        roots = tuple(os.path.normpath(r) for r in args.weights_root)
+        if bad := [r for r in roots if not r.startswith("/") or _refused_host_path(r)]:
+            raise NotLlamaSwap(f"--weights-root {bad[0]}: an absolute path that is not the host's own")
+        manifests, warnings = convert(config, images, environ, args.runtime_class, roots)
     except (OSError, yaml.YAMLError, NotLlamaSwap, ValueError) as err:
         warn(f"error: {args.config}: {err}")
         return 1

@@ -45,10 +45,15 @@ def test_a_cmd_with_macros_becomes_the_serving_containers_command_and_args() -> 
     assert spec["env"] == [{"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
                            {"name": "LLAMA_ARG_FLASH_ATTN", "value": "0.7"}]  # fmt: skip
     # HF_TOKEN=${env.HF_TOKEN}: from the Secret, on the serving container; its value is nowhere.
-    assert spec["template"]["spec"]["containers"] == [
-        {"name": "backend", "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "llama-swap-env",
-                                                                                         "key": "HF_TOKEN"}}}]}
-    ]  # fmt: skip
+    # The weights' directory, mounted read-only where the cmd names it.
+    assert spec["template"]["spec"] == {
+        "containers": [
+            {"name": "backend", "volumeMounts": [{"name": "host-0", "mountPath": "/srv/models", "readOnly": True}],
+             "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "llama-swap-env",
+                                                                         "key": "HF_TOKEN"}}}]}
+        ],
+        "volumes": [{"name": "host-0", "hostPath": {"path": "/srv/models", "type": "Directory"}}],
+    }  # fmt: skip
     assert HF_TOKEN not in yaml.safe_dump(spec)
     assert spec["maxConcurrency"] == 4, "llama-server --parallel: its slots"
     assert spec["loadTimeoutSeconds"] == 500, "healthCheckTimeout"
@@ -164,10 +169,56 @@ def test_commands_split_like_a_shell_without_their_comments() -> None:
 
 
 def one(cmd: str, *, expanded: frozenset[str] = frozenset(), runtime_class: str | None = None,
-        **raw: Any) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+        roots: tuple[str, ...] = (), **raw: Any) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     environ = Environment({"SHM": "/dev/shm", "TOKEN": "tok-value-42"}, expanded)
-    [manifest], warnings = convert({"models": {"m": {"cmd": cmd, **raw}}}, {}, environ, runtime_class)
+    [manifest], warnings = convert({"models": {"m": {"cmd": cmd, **raw}}}, {}, environ, runtime_class, roots)
     return manifest["spec"], warnings
+
+
+def mounted(spec: dict[str, Any]) -> list[str]:
+    template = spec.get("template", {}).get("spec", {})
+    paths = [v["hostPath"]["path"] for v in template.get("volumes", [])]
+    mounts = [m["mountPath"] for c in template.get("containers", []) for m in c.get("volumeMounts", [])]
+    assert paths == mounts and all(
+        m["readOnly"] for c in template.get("containers", []) for m in c.get("volumeMounts", [])
+    )
+    return paths
+
+
+@pytest.mark.parametrize(
+    ("cmd", "roots", "paths"),
+    [
+        ("x -m /srv/models/a.gguf --mmproj=/srv/models/b.gguf", (), ["/srv/models"]),
+        ("x --ckpt-dir /data/ckpt --vae /data/ckpt/sub/vae.safetensors", (), ["/data/ckpt"]),
+        ("x -m /srv/models/qwen/a.gguf --lora /srv/loras/l.gguf", ("/srv",), ["/srv"]),
+        ("x -m /srv/models/a.gguf --chat-template-file /app/t.jinja", ("/srv/models",), ["/srv/models"]),
+        ("x --api-key ${env.TOKEN} --port 8080", (), []),
+    ],
+    ids=["files-of-one-dir", "dir-and-a-file-in-it", "one-root", "outside-the-root", "no-path"],
+)
+def test_host_paths_in_a_cmd_are_mounted_read_only_at_the_same_place(
+    cmd: str, roots: tuple[str, ...], paths: list[str]
+) -> None:
+    spec, warnings = one(cmd, roots=roots)
+    assert mounted(spec) == paths
+    assert spec["args"] == command_words(cmd.replace("${env.TOKEN}", "$(TOKEN)"))[1:], "the command is unchanged"
+    for path in paths:
+        assert any(f"{path} is mounted read-only from the host" in w for w in warnings), warnings
+    if roots and "/app/t.jinja" in cmd:
+        assert any("/app/t.jinja is under no --weights-root: taken to be in the image" in w for w in warnings)
+
+
+def test_a_cmd_path_in_the_hosts_own_places_is_not_mounted() -> None:
+    spec, warnings = one("x --config /etc/server.conf -m /srv/m.gguf")
+    assert mounted(spec) == ["/srv"]
+    assert any("/etc/server.conf: mounting /etc refused" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("root", ["relative/dir", "/", "/var/run"])
+def test_a_weights_root_that_is_not_a_place_for_weights_is_refused(root: str) -> None:
+    lines: list[str] = []
+    assert run(cli(str(CONFIG), "--weights-root", root), warn=lines.append) == 1
+    assert f"--weights-root {root.rstrip('/') or '/'}: an absolute path that is not the host's own" in lines[0]
 
 
 @pytest.mark.parametrize(
