@@ -26,7 +26,8 @@ GENERATED = {k.spec.__name__: k for k in KINDS if k.kind in ("GpuLane", "GpuMode
 
 def json_schema(node: Any) -> Any:
     """One structural (OpenAPI v3.0) node as JSON Schema 2020-12. CEL rules stay with the apiserver; an
-    object with known properties refuses others, which the apiserver would prune silently."""
+    object with known properties refuses others, which the apiserver would prune silently, unless the CRD
+    keeps its unknown fields."""
     if isinstance(node, list):
         return [json_schema(n) for n in node]
     if not isinstance(node, dict):
@@ -48,8 +49,10 @@ def json_schema(node: Any) -> Any:
             out.pop(bound, None)
     if node.get(crd.INT_OR_STRING):
         out["type"] = ["integer", "string"]
+    # A node that keeps unknown fields (a template's PodSpec and containers: every Kubernetes field) takes
+    # them in values too; any other object with known properties refuses the rest.
     if out.get("type") == "object" and "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
+        out["additionalProperties"] = bool(node.get(crd.PRESERVE))
     return out
 
 

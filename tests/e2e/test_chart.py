@@ -481,6 +481,20 @@ def test_the_chart_creates_lanes_and_models_from_values(cluster: Cluster, tmp_pa
     assert not [d for d in yaml.safe_load_all(plain) if d and d["kind"] in ("GpuLane", "GpuModel")]
 
 
+def test_every_gpumodel_example_of_the_docs_is_a_valid_chart_value(cluster: Cluster, tmp_path: Path) -> None:
+    """docs/models.md's GpuModels (runtimeClassName, volumes, env from a Secret, probes ...) put under
+    `models:` pass the values schema and come out as written: the schema takes what the CRD takes."""
+    text = (REPO / "docs" / "models.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    examples = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind") == "GpuModel"]
+    assert len(examples) >= 3, "the docs' examples were not found"
+    values = {"models": [{"name": d["metadata"]["name"], "spec": d["spec"]} for d in examples]}
+    (values_file := tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    out = cluster.helm("template", "r", str(CHART), "-n", "ns", "-f", str(values_file)).stdout
+    made = {d["metadata"]["name"]: d for d in yaml.safe_load_all(out) if d and d["kind"] == "GpuModel"}
+    assert {name: made[name]["spec"] for name in made} == {d["metadata"]["name"]: d["spec"] for d in examples}
+
+
 @pytest.mark.parametrize(
     ("values", "where"),
     [

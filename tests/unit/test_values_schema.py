@@ -52,3 +52,15 @@ def test_openapi_nodes_become_json_schema() -> None:
         },
         "additionalProperties": False,  # the apiserver would prune an unknown field without a word
     }
+
+
+def test_an_object_that_keeps_unknown_fields_in_the_crd_takes_them_in_values() -> None:
+    """A template's PodSpec and containers keep every Kubernetes field in the CRD: values must take them too
+    (runtimeClassName, volumes, env from a Secret), or docs/models.md's own examples fail `helm install`."""
+    node = {"type": "object", "properties": {"name": {"type": "string"}}, "x-kubernetes-preserve-unknown-fields": True}
+    assert values_schema.json_schema(node)["additionalProperties"] is True
+    schema = json.loads(SCHEMA.read_text())
+    template = schema["$defs"]["GpuModelSpec"]["properties"]["template"]["properties"]
+    assert template["spec"]["additionalProperties"] is True
+    assert template["spec"]["properties"]["containers"]["items"]["additionalProperties"] is True
+    assert template["metadata"]["additionalProperties"] is False, "a template's metadata stays closed"
