@@ -542,6 +542,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights-root", action="append", default=[], metavar="DIR",
                         help="where weights live on the GPU nodes: a cmd's paths under DIR mount DIR; others are "
                         "taken to be in the image (default: each path's directory is mounted)")  # fmt: skip
+    parser.add_argument("--values", action="store_true",
+                        help="print the chart's values (models:, and lanes: with --node) for helm -f")  # fmt: skip
+    parser.add_argument("--node", metavar="NAME",
+                        help="also a GpuLane on node NAME, named after it (the box's one GPU)")  # fmt: skip
     parser.add_argument("--secret", default=SECRET,
                         help="the Secret that ${env.NAME} is read from (default %(default)s)")  # fmt: skip
     parser.add_argument("--namespace", default=BACKEND_NAMESPACE,
@@ -572,5 +576,18 @@ def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: pri
         literals = " ".join(f'--from-literal={n}="${n}"' for n in sorted(environ.referenced))
         warn(f"note: create the Secret before the models, from this shell's values (none is printed): "
              f"kubectl create secret generic {args.secret} -n {args.namespace} {literals}")  # fmt: skip
-    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False, width=120))
+    sys.stdout.write(render(manifests, args.node, as_values=args.values))
     return 0
+
+
+def render(manifests: list[dict[str, Any]], node: str | None, *, as_values: bool) -> str:
+    """The GpuModels (and a GpuLane on ``node``) as manifests, or as the chart's ``models:`` and ``lanes:``."""
+    lanes = [] if node is None else [{"name": model_name(node), "spec": {"nodeName": node}}]
+    if as_values:
+        values: dict[str, Any] = {"models": [{"name": m["metadata"]["name"], "spec": m["spec"]} for m in manifests]}
+        if lanes:
+            values["lanes"] = lanes
+        return yaml.safe_dump(values, sort_keys=False, width=120)
+    docs = [{"apiVersion": API_VERSION, "kind": "GpuLane", "metadata": {"name": lane["name"]}, "spec": lane["spec"]}
+            for lane in lanes]  # fmt: skip
+    return yaml.safe_dump_all([*docs, *manifests], sort_keys=False, width=120)

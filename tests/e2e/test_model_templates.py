@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from .operator_support import API, OPERATOR_NAMESPACE, World
@@ -110,20 +111,32 @@ def test_a_template_that_sets_gpulanes_fields_is_refused_at_apply_and_a_bad_pod_
     assert "Bad_Volume" in status["message"] and status["phase"] == "Pending"
 
 
-def test_a_llama_swap_configurations_import_is_what_the_apiserver_accepts(world: World) -> None:
+def test_a_llama_swap_configurations_import_is_what_the_apiserver_accepts(world: World, tmp_path: Path) -> None:
     """`gpulane import-llama-swap` on a configuration using every key of llama-swap's format: its GpuModels
-    pass a server-side dry run (the CRD's schema and rules, admission), and nothing is created."""
+    and lane pass a server-side dry run (the CRD's schema and rules, admission), and nothing is created; its
+    `--values` pass the chart's values schema and render the same models."""
     config = Path(__file__).resolve().parents[1] / "unit" / "data" / "llama-swap-config.yaml"
     secret = "hf_never_in_a_manifest"
-    proc = subprocess.run(
-        [sys.executable, "-m", "gpulane.cli", "import-llama-swap", str(config),
-         "--image", "/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda", "--expand-env", "MODELS_DIR",
-         "--runtime-class", "nvidia"],
-        capture_output=True, text=True, timeout=60, check=False,
-        env={**os.environ, "MODELS_DIR": "/srv/models", "HF_TOKEN": secret},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert secret not in proc.stdout + proc.stderr and "secretKeyRef" in proc.stdout
-    applied = world.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=proc.stdout)
-    assert applied.stdout.count("(server dry run)") == 3, applied.stdout
-    assert "qwen-coder-7b" in applied.stdout
+
+    def imported(*extra: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "gpulane.cli", "import-llama-swap", str(config),
+             "--image", "/app/llama-server=ghcr.io/ggml-org/llama.cpp:server-cuda", "--expand-env", "MODELS_DIR",
+             "--runtime-class", "nvidia", "--node", "gpu-0", *extra],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "MODELS_DIR": "/srv/models", "HF_TOKEN": secret},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert secret not in proc.stdout + proc.stderr and "secretKeyRef" in proc.stdout
+        return proc.stdout
+
+    manifests = imported()
+    applied = world.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=manifests)
+    assert applied.stdout.count("(server dry run)") == 4, applied.stdout
+    assert "gpumodel.gpulane.io/qwen-coder-7b" in applied.stdout and "gpulane.gpulane.io/gpu-0" in applied.stdout
+    (values := tmp_path / "values.yaml").write_text(imported("--values"))
+    chart = Path(__file__).resolve().parents[2] / "charts" / "gpulane"
+    out = world.cluster.helm("template", "r", str(chart), "-n", "gpulane-system", "-f", str(values)).stdout
+    rendered = {(d["kind"], d["metadata"]["name"]): d.get("spec") for d in yaml.safe_load_all(out) if d}
+    for doc in yaml.safe_load_all(manifests):
+        assert rendered[doc["kind"], doc["metadata"]["name"]] == doc["spec"], doc["metadata"]["name"]

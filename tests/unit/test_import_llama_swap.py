@@ -298,3 +298,19 @@ def test_a_docker_lines_mount_of_the_hosts_own_paths_is_refused_with_a_warning(v
     spec, warnings = one(f"docker run -v {volume} -v /srv/models:/models:ro img:1")
     assert spec["template"]["spec"]["volumes"] == [{"name": "vol-0", "hostPath": {"path": "/srv/models"}}]
     assert any(f"volume {volume!r} refused" in w for w in warnings), warnings
+
+
+def test_values_print_the_charts_models_and_a_lane_on_the_node(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MODELS_DIR", "/srv/models")
+    assert run(cli(str(CONFIG), "--expand-env", "MODELS_DIR", "--values", "--node", "gpu-0")) == 0
+    values = yaml.safe_load(capsys.readouterr().out)
+    assert [m["name"] for m in values["models"]] == ["qwen-7b", "qwen-coder-7b", "sdxl"]
+    assert values["models"][0]["spec"]["port"] == 10001
+    assert values["lanes"] == [{"name": "gpu-0", "spec": {"nodeName": "gpu-0"}}]
+    assert run(cli(str(CONFIG), "--expand-env", "MODELS_DIR", "--node", "GPU_Box.1")) == 0
+    first, *models = yaml.safe_load_all(capsys.readouterr().out)
+    assert first == {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuLane", "metadata": {"name": "gpu-box.1"},
+                     "spec": {"nodeName": "GPU_Box.1"}}  # fmt: skip
+    assert len(models) == 3
