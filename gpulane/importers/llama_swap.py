@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from gpulane.api.pod_templates import SERVING_CONTAINER
+from gpulane.api.pod_templates import SERVING_CONTAINER, refused_host_path
 from gpulane.api.resources import API_VERSION, GpuModelSpec
 
 DEFAULT_START_PORT = 5800  # llama-swap's startPort: ${PORT}; each GpuModel is a pod of its own
@@ -42,10 +42,6 @@ LOOPBACK_SERVERS = {
 }
 BIND_FLAGS = ("--host", "--listen-ip")
 ANY_ADDRESS = "0.0.0.0"
-# Host paths a model server has no business with: the host's root, its kernel's and runtime's interfaces, the
-# kubelet's and the container runtimes' state (their sockets run any container as root).
-HOST_PATHS_REFUSED = ("/proc", "/sys", "/dev", "/etc", "/boot", "/root", "/run", "/var/run", "/var/lib/kubelet",
-                      "/var/lib/docker", "/var/lib/containerd", "/var/lib/rancher")  # fmt: skip
 SECRET = "llama-swap-env"  # the Secret that ${env.NAME} is read from, by default
 BACKEND_NAMESPACE = "gpulane-system"  # where backend pods run (the operator's --namespace), by default
 # Top-level keys that configure llama-swap itself, and what gpulane does instead.
@@ -244,15 +240,6 @@ def model_name(model_id: str) -> str:
     return name[:253] or "model"
 
 
-def _refused_host_path(path: str) -> str | None:
-    """Why a model's pod may not mount host path ``path``, or None."""
-    normal = os.path.normpath(path)
-    if normal == "/":
-        return "the host's whole filesystem"
-    under = next((p for p in HOST_PATHS_REFUSED if normal == p or normal.startswith(p + "/")), None)
-    return None if under is None else f"{under} is the host's own (its kernel, runtime or kubelet)"
-
-
 def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A ``docker run`` / ``podman run`` line: the serving container, and its pod's volumes."""
     container: dict[str, Any] = {"name": "backend", "env": [], "volumeMounts": []}
@@ -269,7 +256,7 @@ def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[
             if not source.startswith("/"):
                 out.warn(where, f"volume {value!r}: only host paths carry over (a named volume is Docker's)")
                 continue
-            if refused := _refused_host_path(source):
+            if refused := refused_host_path(source):
                 out.warn(where, f"volume {value!r} refused: {refused}; not carried over")
                 continue
             name = f"vol-{len(volumes)}"
@@ -478,7 +465,7 @@ def host_mounts(
             out.warn(where, f"{path} is under no --weights-root: taken to be in the image, not mounted")
             continue
         folder = root or (os.path.dirname(path) if "." in os.path.basename(path) else path)
-        if refused := _refused_host_path(folder):
+        if refused := refused_host_path(folder):
             out.warn(where, f"{path}: mounting {folder} refused ({refused}); not mounted")
             continue
         dirs.add(folder)
@@ -564,7 +551,7 @@ def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: pri
     try:
         config = yaml.safe_load(args.config.read_text())
         roots = tuple(os.path.normpath(r) for r in args.weights_root)
-        if bad := [r for r in roots if not r.startswith("/") or _refused_host_path(r)]:
+        if bad := [r for r in roots if not r.startswith("/") or refused_host_path(r)]:
             raise NotLlamaSwap(f"--weights-root {bad[0]}: an absolute path that is not the host's own")
         manifests, warnings = convert(config, images, environ, args.runtime_class, roots)
     except (OSError, yaml.YAMLError, NotLlamaSwap, ValueError) as err:

@@ -64,7 +64,7 @@ def backend_pod(
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", GRACE_SECONDS)
     spec.setdefault("enableServiceLinks", False)
-    spec.setdefault("automountServiceAccountToken", False)
+    spec["automountServiceAccountToken"] = False  # the template may only say false (pod_templates.py)
     labels = (template.metadata.labels if template else None) or {}
     annotations = (template.metadata.annotations if template else None) or {}
     return {

@@ -89,6 +89,32 @@ def test_a_template_serves_with_its_weights_shm_and_secret_on_gpu_0(
         core_v1.delete_namespaced_secret(secret, OPERATOR_NAMESPACE)
 
 
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"serviceAccountName": "gpulane-operator"}, "spec.template.spec.serviceAccountName: a backend pod runs"),
+        ({"automountServiceAccountToken": True}, "spec.template.spec.automountServiceAccountToken: a backend pod"),
+        ({"hostPID": True}, "spec.template.spec.hostNetwork, hostPID and hostIPC: a backend pod shares nothing"),
+        ({"containers": [{"name": "backend", "securityContext": {"privileged": True}}]},
+         "securityContext.privileged: a backend pod runs no privileged container"),
+        ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "a hostPath is absolute and plain, and not"),
+        ({"volumes": [{"name": "sock", "hostPath": {"path": "/run/containerd/containerd.sock"}}]}, "host's own"),
+        ({"volumes": [{"name": "dots", "hostPath": {"path": "/srv/../etc/"}}]}, "a hostPath is absolute and plain"),
+    ],
+)  # fmt: skip
+def test_a_template_with_an_accounts_or_the_nodes_power_is_refused_at_apply_naming_the_field(
+    world: World, spec: dict[str, Any], says: str
+) -> None:
+    """The CRD's own rules refuse it before anything runs (issue 34's H2): with no webhook, as written."""
+    doc = {"apiVersion": API, "kind": "GpuModel", "metadata": {"name": world.name("power")},
+           "spec": {"image": "example.invalid/x:1", "template": {"spec": spec}}}  # fmt: skip
+    refused = world.cluster.kubectl("apply", "-f", "-", input=json.dumps(doc), check=False)
+    assert refused.returncode != 0 and says in refused.stderr, refused.stderr
+    fine = {**doc, "spec": {**doc["spec"], "template": {"spec": {"automountServiceAccountToken": False,
+            "volumes": [{"name": "w", "hostPath": {"path": "/srv/models/", "type": "Directory"}}]}}}}  # fmt: skip
+    world.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(fine))
+
+
 def test_a_template_that_sets_gpulanes_fields_is_refused_at_apply_and_a_bad_pod_on_its_condition(
     world: World,
 ) -> None:

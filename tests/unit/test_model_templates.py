@@ -119,6 +119,47 @@ def test_a_template_that_sets_what_is_gpulanes_is_refused_saying_which_field(
         GpuModelSpec.model_validate({"image": "i", "template": template})
 
 
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"serviceAccountName": "gpulane-operator"}, "spec.template.spec.serviceAccountName: a backend pod runs"),
+        ({"serviceAccount": "default"}, "spec.template.spec.serviceAccountName: a backend pod runs with no"),
+        ({"automountServiceAccountToken": True}, "spec.template.spec.automountServiceAccountToken: a backend pod runs"),
+        ({"hostNetwork": True}, "spec.template.spec.hostNetwork: a backend pod shares nothing of its node's"),
+        ({"hostPID": True}, "spec.template.spec.hostPID: a backend pod shares nothing"),
+        ({"hostIPC": True}, "spec.template.spec.hostIPC: a backend pod shares nothing"),
+        ({"containers": [{"name": "backend", "image": "i", "securityContext": {"privileged": True}}]},
+         "container 'backend': securityContext.privileged: a backend pod runs no privileged container"),
+        ({"initContainers": [{"name": "setup", "image": "i", "securityContext": {"privileged": True}}]},
+         "container 'setup': securityContext.privileged"),
+        ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "hostPath /: the host's whole filesystem"),
+        ({"volumes": [{"name": "d", "hostPath": {"path": "/var/run/docker.sock"}}]}, "/var/run is the host's own"),
+        ({"volumes": [{"name": "k", "hostPath": {"path": "/var/lib/kubelet/pods"}}]}, "/var/lib/kubelet is the host's"),
+        ({"volumes": [{"name": "e", "hostPath": {"path": "/srv/../etc"}}]}, "is absolute and plain"),
+        ({"volumes": [{"name": "e", "hostPath": {"path": "//etc"}}]}, "is absolute and plain"),
+    ],
+)  # fmt: skip
+def test_a_template_that_would_run_with_the_nodes_or_an_accounts_power_is_refused(
+    spec: dict[str, Any], says: str
+) -> None:
+    """Whoever may write GpuModels must not get a pod with the operator's token, the node's namespaces or
+    its root (issue 34's H2): each is refused, naming the field."""
+    with pytest.raises(ValidationError, match=says.replace(".", r"\.")):
+        GpuModelSpec.model_validate({"image": "i", "template": {"spec": spec}})
+
+
+def test_what_a_backend_pod_may_have_of_the_host_is_kept_and_it_never_mounts_a_token() -> None:
+    spec = {"automountServiceAccountToken": False, "hostNetwork": False,
+            "volumes": [{"name": "w", "hostPath": {"path": "/srv/models/", "type": "Directory"}}],
+            "containers": [{"name": "backend",
+                            "securityContext": {"privileged": False, "runAsUser": 1000}}]}  # fmt: skip
+    built = pod({"spec": spec}, image="i")
+    assert built["spec"]["automountServiceAccountToken"] is False and "serviceAccountName" not in built["spec"]
+    assert built["spec"]["volumes"] == spec["volumes"]
+    assert serving(built)["securityContext"] == {"privileged": False, "runAsUser": 1000}
+    assert pod(None, image="i")["spec"]["automountServiceAccountToken"] is False
+
+
 def test_an_image_is_needed_from_the_shorthand_or_the_serving_container() -> None:
     with pytest.raises(ValidationError, match=r"spec\.image is required unless"):
         GpuModelSpec.model_validate({"template": {"spec": {"containers": [{"name": "backend"}]}}})
