@@ -85,6 +85,8 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int, method:
     found = route(method, path)
     if found is None:
         raise CallError(404, f"unknown endpoint {method} {path}", code="unknown_url")
+    if found.model_from == "path" and (why := unplain(found.upstream)):
+        raise CallError(400, f"{method} {path}: {why}", code="bad_path")
     upstream = found.upstream + (f"?{query}" if query else "")
     if found.model_from in ("path", "query"):
         named = (found.model if found.model_from == "path" else parse_qs(query).get("model", [""])[0]) or ""
@@ -112,6 +114,18 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int, method:
     if not isinstance(stream, bool):
         raise CallError(400, "'stream' must be a boolean", param="stream")
     return Call(path, model, stream, body, "application/json", method, upstream)
+
+
+def unplain(path: str) -> str | None:
+    """Why a decoded /upstream path is not passed on as it is, or None. The client sends the path the bridge
+    judges (its ignored paths, the queue): a '.' or '..' segment or an empty one would be resolved further on
+    (``/health/../v1/chat/completions`` reaching the server as ``/v1/chat/completions``), and a decoded '?'
+    or '#' would be read as the query or a fragment."""
+    if any(segment in (".", "..") for segment in path.split("/")) or "//" in path:
+        return "a path with '.', '..' or empty segments is refused"
+    if "?" in path or "#" in path:
+        return "a path with an encoded '?' or '#' is refused"
+    return None
 
 
 def _bounded(model: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from yarl import URL
 
 from gpulane.bridge import routes
 from gpulane.bridge.app import Bridge, BridgeSettings
@@ -183,3 +184,25 @@ def test_a_route_llama_swap_does_not_dispatch_is_a_404_naming_it() -> None:
     with pytest.raises(CallError, match="unknown endpoint GET /sdapi/v1/txt2img"):
         read_call("/sdapi/v1/txt2img", "", b"", 100, method="GET")
     assert routes.route("GET", "/upstream/") is None, "an upstream path must name its model"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/upstream/sd/health/%2e%2e/v1/chat/completions", "/upstream/sd/health/%2E%2E/v1/chat/completions",
+     "/upstream/sd/health/%2e/x", "/upstream/sd/health//x", "/upstream/sd/health%3F/x", "/upstream/sd/health%23x"],
+)  # fmt: skip
+def test_an_upstream_path_with_dot_or_empty_segments_is_refused_not_resolved(path: str) -> None:
+    """issue 34's M1: with /health ignored, /health/../v1/chat/completions matched the ignored path and
+    reached the server, once resolved, as /v1/chat/completions, with no job and no priority."""
+
+    async def scenario() -> None:
+        async with bridged(upstream_ignore=(re.compile(r"^/health"),)) as (http, seen, queue):
+            queue.loaded.add("sd")
+            resp = await http.post(URL(path, encoded=True), json={"model": "sd"}, headers=AUTH)
+            assert resp.status == 400, await resp.text()
+            error = (await resp.json())["error"]
+            assert error["code"] == "bad_path" and "is refused" in error["message"], error
+            assert (await http.get("/upstream/sd/health", headers=AUTH)).status == 200, "a plain ignored path passes"
+        assert queue.submitted == [] and [s["path"] for s in seen] == ["/health"]
+
+    asyncio.run(scenario())
