@@ -73,7 +73,8 @@ TIME_FORMAT: JsonDict = {"format": "date-time"}
 class JobRequest(CamelModel):
     """An OpenAI call that gpulane executes for jobs submitted with kubectl."""
 
-    path: str = Field(pattern=r"^/v1/[A-Za-z0-9/_.-]*$", max_length=256)
+    # Segments of plain characters: no "." or ".." (the executor's client would resolve them) and no empty one.
+    path: str = Field(pattern=r"^/v1(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)+$", max_length=256)
     body: dict[str, Any] = Field(default_factory=dict)
     # Where the answer goes: a ConfigMap (at most 900 KiB), or a file on the executor's results volume
     # (a video, say: streamed, no cap beyond the volume's), read back with `gpulane result`.

@@ -32,6 +32,8 @@ def _refused(world: World, doc: dict) -> str:
         ({"maxRunSeconds": 10**9}, "spec.maxRunSeconds"),
         ({"tier": ""}, "spec.tier"),
         ({"request": {"path": "/admin", "body": {}}}, "spec.request.path"),
+        ({"request": {"path": "/v1/../metrics", "body": {}}}, "spec.request.path"),  # resolved to /metrics
+        ({"request": {"path": "/v1//props", "body": {}}}, "spec.request.path"),
         ({"bogus": 1}, 'unknown field "spec.bogus"'),
     ],
 )
@@ -39,6 +41,16 @@ def test_malformed_jobs_are_refused_by_the_apiserver(world: World, spec: dict, m
     fields = dict(spec)
     doc = world.job_doc("bad", fields.pop("model", "sdxl"), **fields)
     assert message in _refused(world, doc)
+
+
+def test_a_chain_step_or_template_path_that_would_resolve_elsewhere_is_refused(world: World) -> None:
+    """issue 34's M3: a chain's steps take the same request schema as a job's, so /v1/../props (llama-server's
+    /props once resolved) is refused when the chain is applied."""
+    chain = {"apiVersion": API, "kind": "GpuChain", "metadata": {"name": "film", "namespace": world.namespace},
+             "spec": {"model": "sdxl", "steps": [{"path": "/v1/../props", "body": {}}]}}  # fmt: skip
+    assert "spec.steps[0].path" in _refused(world, chain)
+    template = {**chain, "spec": {"model": "sdxl", "count": 2, "template": {"path": "/v1/./x", "body": {}}}}
+    assert "spec.template.path" in _refused(world, template)
 
 
 def test_spec_fields_of_a_job_are_immutable(world: World) -> None:
