@@ -481,6 +481,29 @@ def test_the_chart_creates_lanes_and_models_from_values(cluster: Cluster, tmp_pa
     assert not [d for d in yaml.safe_load_all(plain) if d and d["kind"] in ("GpuLane", "GpuModel")]
 
 
+@pytest.mark.parametrize("annotations", [{}, {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/bridge"}])
+def test_the_bridges_executor_roles_render_once_per_namespace_with_or_without_account_annotations(
+    cluster: Cluster, annotations: dict[str, str]
+) -> None:
+    """issue 34's L7: an `end` missing after the ServiceAccount's annotations put the executor Roles inside
+    that block: none without annotations, so the executor could not claim a job."""
+    values = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys",
+              "--set-json", 'bridge.executeNamespaces=["film","studio"]',
+              "--set-json", f"bridge.serviceAccount.annotations={json.dumps(annotations)}"]  # fmt: skip
+    out = cluster.helm("template", "r", str(CHART), "-n", "ns", *values).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    ours = ("-executor", "-backends")
+    roles = sorted((d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs
+                   if d["kind"] in ("Role", "RoleBinding") and d["metadata"]["name"].endswith(ours))  # fmt: skip
+    assert roles == sorted(
+        (kind, ns, f"r-gpulane-bridge-{what}")
+        for kind in ("Role", "RoleBinding")
+        for ns, what in (("film", "executor"), ("studio", "executor"), ("ns", "backends"))
+    ), roles
+    [account] = [d for d in docs if d["kind"] == "ServiceAccount" and "bridge" in d["metadata"]["name"]]
+    assert account["metadata"].get("annotations", {}) == annotations
+
+
 def test_every_gpumodel_example_of_the_docs_is_a_valid_chart_value(cluster: Cluster, tmp_path: Path) -> None:
     """docs/models.md's GpuModels (runtimeClassName, volumes, env from a Secret, probes ...) put under
     `models:` pass the values schema and come out as written: the schema takes what the CRD takes."""
