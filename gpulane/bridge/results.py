@@ -74,10 +74,12 @@ class ResultStore:
             shutil.rmtree(folder, ignore_errors=True)
         return [f"{namespace}/{p.name}" for p in gone]
 
-    def path(self, relative: str) -> Path | None:
-        """The file a status names, if it lies inside the volume (a status is not trusted to stay inside)."""
+    def path(self, job: Body, relative: str) -> Path | None:
+        """The file ``job``'s status names, if it lies inside that job's own folder: a status is not trusted to
+        stay there (an executor may write its own job's status, naming another job's answer)."""
         found = (self.directory / relative).resolve()
-        return found if found.is_relative_to(self.directory.resolve()) and found.is_file() else None
+        own = (self.directory / self.folder(job["metadata"])).resolve()
+        return found if found.is_relative_to(own) and found.is_file() else None
 
 
 class ResultReader:
@@ -112,7 +114,7 @@ class ResultReader:
         except Gone:
             return _error(404, f"GpuJob {namespace}/{name} does not exist")
         volume = ((job.get("status") or {}).get("result") or {}).get("volume") or {}
-        found = self.store.path(str(volume.get("path", ""))) if volume else None
+        found = self.store.path(job, str(volume.get("path", ""))) if volume else None
         if found is None:
             return _error(404, f"GpuJob {namespace}/{name} has no answer on the results volume")
         headers = {"X-Gpulane-Sha256": str(volume.get("sha256", "")), "Content-Type": "application/octet-stream"}

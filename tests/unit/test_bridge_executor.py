@@ -396,4 +396,5 @@ def test_answers_of_deleted_jobs_are_removed_and_the_rest_kept(tmp_path: Path) -
     (tmp_path / NS / "c-33333333").mkdir()
     assert store.sweep(NS, {"b-22222222"}) == [f"{NS}/c-33333333"]
     assert (tmp_path / NS / "b-22222222" / "answer").read_bytes() == b"x"
-    assert store.path("../../etc/passwd") is None and store.path(f"{NS}/b-22222222/answer") is not None
+    b = {"metadata": {"namespace": NS, "name": "b", "uid": "22222222-rest"}}
+    assert store.path(b, "../../etc/passwd") is None and store.path(b, f"{NS}/b-22222222/answer") is not None

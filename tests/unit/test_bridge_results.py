@@ -36,8 +36,9 @@ class FakeKube:
             raise Gone(name) from None
 
 
-def job(path: str, sha: str = "abc") -> dict[str, Any]:
-    return {"status": {"result": {"volume": {"path": path, "bytes": 5, "sha256": sha}}}}
+def job(name: str, path: str, sha: str = "abc", uid: str = "12345678-0000") -> dict[str, Any]:
+    return {"metadata": {"namespace": "team-a", "name": name, "uid": uid},
+            "status": {"result": {"volume": {"path": path, "bytes": 5, "sha256": sha}}}}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,8 @@ def job(path: str, sha: str = "abc") -> dict[str, Any]:
         ("bob-token", "team-a/film", 403, "bob may not get GpuJob team-a/film"),
         ("alice-token", "team-a/ghost", 404, "does not exist"),
         ("alice-token", "team-a/escape", 404, "has no answer on the results volume"),
+        # issue 34's L1: her own job's status names another job's answer (an executor may write it).
+        ("alice-token", "team-a/thief", 404, "has no answer on the results volume"),
         ("alice-token", "team-a/film", 200, None),
     ],
 )
@@ -57,7 +60,9 @@ def test_only_who_may_get_the_job_reads_its_answer(
     (tmp_path / "team-a" / "film-12345678").mkdir(parents=True)
     (tmp_path / "team-a" / "film-12345678" / "answer").write_bytes(b"video")
     (tmp_path.parent / "secret").write_bytes(b"not yours")
-    kube = FakeKube({"team-a/film": job("team-a/film-12345678/answer", "f00d"), "team-a/escape": job("../../secret")})
+    kube = FakeKube({"team-a/film": job("film", "team-a/film-12345678/answer", "f00d"),
+                     "team-a/escape": job("escape", "../../secret"),
+                     "team-a/thief": job("thief", "team-a/film-12345678/answer", uid="87654321-0000")})  # fmt: skip
 
     async def scenario() -> None:
         app = web.Application()
