@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec
-from gpulane.api.times import format_duration, format_time, parse_time
+from gpulane.api.times import format_duration, format_time
 from gpulane.core.dispatcher import Dispatcher, DispatchError
 from gpulane.core.events import (
     Dispatch,
@@ -205,8 +205,9 @@ class Controller:
         self._refuse(body, Refusal("PolicyRejected", reason))
 
     def _executor_finished(self, view: JobView, status: Body) -> None:
-        finished = min(parse_time(status.get("finishedAt")) or self.clock(), self.clock())  # never in the future
-        self.release(view, None if view.started_at is None else max(0.0, finished - view.started_at))
+        """Timed by the operator's own clock: an executor's finishedAt (at or before startedAt, say) would
+        drag the model's learned run time, and with it every job's dispatch charge, toward 0."""
+        self.release(view, None if view.started_at is None else max(0.0, self.clock() - view.started_at))
 
     def _cancel(self, view: JobView) -> None:
         """The job is being deleted: out of the queue, or cancelled on its lane (the finalizer waits)."""

@@ -554,21 +554,25 @@ def test_cold_lane_creates_the_pod_then_runs_the_job_when_ready():
     asyncio.run(scenario())
 
 
-def test_a_finished_at_in_the_future_does_not_poison_the_learned_run_time():
-    """Issue 16, item 6 (its clock part): an executor writing finishedAt 9999-12-31 is timed by the
-    operator's own clock instead."""
+@pytest.mark.parametrize("finished", [10**9, 0, -100, None], ids=["year-9999", "at-start", "before-start", "none"])
+def test_an_executors_finished_at_does_not_poison_the_learned_run_time(finished: int | None):
+    """Issue 16, item 6, and issue 34's L3: an executor writing finishedAt 9999-12-31, or one at or before
+    startedAt (a run of 0 s that would lower every job's dispatch charge), is timed by the operator's own
+    clock instead."""
 
     async def scenario() -> None:
         w = World()
         await w.warm("j1")
         before = w.ctl.dispatcher.models.get("m").run_seconds
+        started = w.clock.now
         w.clock.now += 30
-        body = w.kube.update(
-            f"gpujobs/{NS}/j1", {"status": {"phase": "Succeeded", "finishedAt": "9999-12-31T00:00:00Z"}}
-        )
+        stamp = {} if finished is None else {"finishedAt": format_time(started + finished)}
+        status = {"phase": "Succeeded", **stamp}
+        body = w.kube.update(f"gpujobs/{NS}/j1", {"status": status})
         w.ctl.job_event("MODIFIED", body)
         after = w.ctl.dispatcher.models.get("m").run_seconds
-        assert min(before, 30) <= after <= max(before, 30)  # blended toward the 30 s it really ran
+        smoothing = w.ctl.dispatcher.models.SMOOTHING
+        assert after == pytest.approx(before + smoothing * (30 - before))  # blended toward the 30 s it really ran
         await w.ctl.status.flush()
         assert w.kube.get("gpumodels/m")["status"]["runSeconds"] == round(after, 3)
 
