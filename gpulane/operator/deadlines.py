@@ -17,16 +17,24 @@ def overdue(view: JobView, now: float, observed: Observed) -> tuple[str, str] | 
     if ran is not None and ran > limit:
         where = "maxRunSeconds" if view.max_run is not None and view.max_run <= limit else "the GpuPolicy's runLimits"
         return "DeadlineExceeded", f"ran longer than {limit}s ({where})"
+    grace = limits.executor_grace_seconds
+    late = ran is not None and grace and ran > grace
     if view.executor_lease is None:
-        grace = limits.executor_grace_seconds
-        if ran is not None and grace and ran > grace:
+        if late:
             return "NoExecutor", (
                 f"Running for {ran:.0f}s and no executor named its Lease ({EXECUTOR_LEASE}): nobody would "
                 f"report its outcome (runLimits.executorGraceSeconds={grace})"
             )
         return None
+    lease = "/".join(view.executor_lease)
     expiry = observed.leases.get(view.executor_lease)
-    if expiry is not None and now > expiry:
-        lease = "/".join(view.executor_lease)
+    if expiry is None:  # a Lease never seen vouches for nothing: after the grace, as if none were named
+        if late:
+            return "NoExecutor", (
+                f"Running for {ran:.0f}s and its executor's Lease {lease} does not exist: nobody would report its "
+                f"outcome (runLimits.executorGraceSeconds={grace})"
+            )
+        return None
+    if now > expiry:
         return "DataPlaneLost", f"its executor's Lease {lease} expired {now - expiry:.0f}s ago: the executor is gone"
     return None

@@ -1441,6 +1441,30 @@ def test_a_deleted_executor_lease_fails_its_jobs_at_once():
     asyncio.run(scenario())
 
 
+def test_a_job_whose_executor_lease_never_existed_fails_after_the_grace():
+    """issue 34's L4: an executor-lease annotation naming a Lease nobody holds vouched for the job until its
+    run limit; it counts as no executor at all."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm()
+        body = job_body("ghostly")
+        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "never-made"}
+        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        await w.reconcile()
+        assert w.phase("ghostly") == "Running"
+        w.clock.now += 299
+        await _one_tick(w)
+        assert w.phase("ghostly") == "Running", "within the grace, the executor may still be making its Lease"
+        w.clock.now += 2
+        await _one_tick(w)
+        status = w.kube.job("ghostly")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "NoExecutor")
+        assert f"its executor's Lease {NS}/never-made does not exist" in status["message"]
+
+    asyncio.run(scenario())
+
+
 def test_a_lane_whose_node_is_not_ready_gets_no_dispatch_until_it_is_back():
     async def scenario() -> None:
         w = World()
