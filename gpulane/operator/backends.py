@@ -48,11 +48,18 @@ def pod_changed(host: Host, state: PodState, gone: bool) -> None:
     """A backend pod changed, or is gone (also when found missing without a watch event)."""
     pods = host.observed.pods
     current = pods.get(state.lane)
+    runner = host.lanes.get(state.lane)
+    if runner is not None and state.uid in runner.retired and (current is None or current.uid != state.uid):
+        # A late event of a pod this lane deleted and has replaced since (or is replacing): it neither stands
+        # for the lane's pod nor fails the model that the new pod loads.
+        if gone and runner.deleting == state.uid:
+            runner.deleting = None
+        runner.kick()
+        return
     if not gone:
         pods[state.lane] = state
     elif current is not None and current.uid == state.uid:
         del pods[state.lane]
-    runner = host.lanes.get(state.lane)
     if runner is None:
         return
     if gone and runner.deleting == state.uid:

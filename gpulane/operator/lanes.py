@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -53,6 +54,9 @@ class LaneRunner:
         self.spec = spec
         self.load_started: float | None = None
         self.deleting: str | None = None  # uid of the pod we asked to delete
+        # Every pod this lane asked to delete, latest last: kopf handles each pod (by uid) in a worker of its
+        # own, so an old pod's last events may come after its replacement's first (backends.pod_changed).
+        self.retired: deque[str] = deque(maxlen=16)
         self.delete_requested = 0.0
         self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
         self.conditions: list[dict[str, Any]] = []
@@ -138,7 +142,8 @@ class LaneRunner:
                 return
             self.load_started = now
             state = pod_state(created)
-            if state is not None and self.name not in host.observed.pods:
+            current = host.observed.pods.get(self.name)
+            if state is not None and (current is None or current.uid in self.retired):
                 host.observed.pods[self.name] = state
             log.info("lane %s: loading %s in pod %s", self.name, want, manifest["metadata"]["name"])
             return
@@ -178,6 +183,7 @@ class LaneRunner:
         if running_on_it and not pod.failed:
             return  # never interrupt running work: the core drains a lane before it swaps
         self.deleting, self.delete_requested = pod.uid, self.host.clock()
+        self.retired.append(pod.uid)
         self.load_started = None
         log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, "dead" if pod.failed else "swap")
         # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.

@@ -641,6 +641,49 @@ def test_swap_waits_for_the_running_job_and_for_the_old_pod_to_be_gone():
     asyncio.run(scenario())
 
 
+def test_a_late_event_of_a_replaced_pod_fails_nothing_and_stands_for_no_pod():
+    """kopf handles each pod, by uid, in a worker of its own: the terminating event of the lane's first pod
+    (model m) can be handled after a second swap brought m back in a new pod of the same name. It used to
+    fail the new load with BackendLost (seen in the suite: a load-yield test's batch job never ran)."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("b")
+        await w.warm("ja")
+        target = f"pods/{SYSTEM}/gpulane-gpu-0"
+        first_uid = w.kube.get(target)["metadata"]["uid"]
+        w.submit("jb", model="b", created=T0 + 1)
+        w.clock.now += 30
+        w.ctl.job_event("MODIFIED", w.executor_finishes("ja"))
+        await w.reconcile()
+        late = copy.deepcopy(w.kube.get(target))  # the first pod, terminating: its event is held back
+        assert late["metadata"]["deletionTimestamp"] and late["metadata"]["uid"] == first_uid
+        w.ctl.pod_event("DELETED", w.kube.vanish(target))
+        await w.reconcile()
+        second = w.kube.get(target)
+        second["status"] = pod_body("gpu-0", "b")["status"]  # the new pod is Ready
+        w.ctl.pod_event("MODIFIED", w.kube.put("pods", second))
+        await w.reconcile()
+        assert w.phase("jb") == "Running"
+
+        w.submit("jc", model="m", created=T0 + 2)  # m again: a third pod, same name
+        w.clock.now += 30
+        w.ctl.job_event("MODIFIED", w.executor_finishes("jb"))
+        await w.reconcile()
+        w.ctl.pod_event("DELETED", w.kube.vanish(target))
+        await w.reconcile()
+        third_uid = w.kube.get(target)["metadata"]["uid"]
+        assert third_uid not in (first_uid, second["metadata"]["uid"]) and w.phase("jc") == "Dispatching"
+
+        w.ctl.pod_event("MODIFIED", late)  # the first pod's terminating event, at last
+        await w.reconcile()
+        assert w.phase("jc") == "Dispatching", w.kube.job("jc")["status"]
+        assert w.ctl.observed.pods["gpu-0"].uid == third_uid
+        assert [c for c in w.kube.calls_of("delete_pod") if c.body["preconditions"]["uid"] == third_uid] == []
+
+    asyncio.run(scenario())
+
+
 # -- 4. rebuild -------------------------------------------------------------------------------------
 
 
