@@ -366,6 +366,12 @@ class World:
         self.ctl.job_event("ADDED", body)
         return f"{NS}/{name}"
 
+    def claimed(self, name: str, lease: str) -> None:
+        """Job ``name``, named by an executor as its own through ``lease`` (as the bridge does)."""
+        body = job_body(name)
+        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": lease}
+        self.ctl.job_event("ADDED", self.kube.put("gpujobs", body))
+
     def executor_finishes(self, name: str, phase: str = "Succeeded") -> Body:
         """The executor's JSON patch landed: returns the job's new body (not yet delivered)."""
         status = {"phase": phase, "finishedAt": format_time(self.clock())}
@@ -886,9 +892,7 @@ def test_a_job_without_a_policy_gets_the_default_run_limit():
                  "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 100_000}}  # fmt: skip
         w.ctl.lease_event("ADDED", lease)
         await w.warm()
-        body = job_body("j1")
-        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "runner"}
-        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        w.claimed("j1", "runner")
         await w.reconcile()
         w.clock.now += 3600
         await _one_tick(w)
@@ -1421,9 +1425,7 @@ def test_a_job_whose_executor_lease_expires_fails_with_data_plane_lost():
                  "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 10}}  # fmt: skip
         w.ctl.lease_event("ADDED", lease)
         await w.warm()
-        body = job_body("call-1")
-        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "bridge-a"}
-        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        w.claimed("call-1", "bridge-a")
         await w.reconcile()
         assert w.phase("call-1") == "Running"
 
@@ -1472,9 +1474,7 @@ def test_a_deleted_executor_lease_fails_its_jobs_at_once():
                  "spec": {"renewTime": format_time(w.clock.now), "leaseDurationSeconds": 3600}}  # fmt: skip
         w.ctl.lease_event("ADDED", lease)
         await w.warm()
-        body = job_body("call-2")
-        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "bridge-b"}
-        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        w.claimed("call-2", "bridge-b")
         await w.reconcile()
         w.ctl.lease_event("DELETED", lease)
         w.clock.now += 1
@@ -1491,9 +1491,7 @@ def test_a_job_whose_executor_lease_never_existed_fails_after_the_grace():
     async def scenario() -> None:
         w = World()
         await w.warm()
-        body = job_body("ghostly")
-        body["metadata"]["annotations"] = {"gpulane.io/executor-lease": "never-made"}
-        w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        w.claimed("ghostly", "never-made")
         await w.reconcile()
         assert w.phase("ghostly") == "Running"
         w.clock.now += 299
