@@ -186,6 +186,10 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
                 self.workqueue[scope] = units[scope]
             for node in self.nodes:
                 self._assign_work_unit(node)
+            # A worker runs a test only once it holds the next one (or is told to stop): one unit of a single
+            # test would wait forever, so every worker starts with two units where it can.
+            for node in self.nodes:
+                self._reschedule(node)
 
         def _read_units(self) -> dict[str, str]:
             nodes = self.registered_collections

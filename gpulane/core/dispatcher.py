@@ -2,8 +2,9 @@
 
 It never sleeps, never calls out and reads time only from the injected clock, so hours of
 scheduling run in milliseconds under test, and the simulator drives the very same code.
-Besides dispatches it expires jobs past their queue deadline and lets a load that no job has
-started on yield to a much better newcomer; the shell collects those with ``take_notices``.
+Besides dispatches it expires jobs past their queue deadline, lets a load that no job has started
+on yield to a much better newcomer, and puts the jobs of a lost load back in the queue; the shell
+collects those with ``take_notices``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpulane.core.events import (
     JobFinished,
     JobSubmitted,
     LaneUpdated,
+    LoadLost,
     ModelLoaded,
     ModelUpdated,
     Notice,
@@ -101,6 +103,7 @@ class Dispatcher:
         self._deadlines: dict[str, tuple[float, int]] = {}
         self._deadline_heap: list[tuple[float, int, str]] = []
         self._yielded: set[str] = set()  # jobs whose load yielded once: their next load sticks
+        self._reloaded: set[str] = set()  # jobs whose load was lost once: a second loss fails them
         self._notices: list[Notice] = []
 
     # -- events -------------------------------------------------------------------------
@@ -140,6 +143,8 @@ class Dispatcher:
                 self.ranking.restore_usage(member, priority, seconds, at)
             case LaneUpdated(lane_id, online, resident):
                 self._update_lane(lane_id, online, resident)
+            case LoadLost(lane_id):
+                self._lose_load(lane_id)
             case ModelLoaded(lane_id, model, load_seconds):
                 self._loaded(lane_id, model)
                 if load_seconds is not None:
@@ -177,7 +182,7 @@ class Dispatcher:
     def take_notices(self) -> list[Notice]:
         """Jobs the dispatcher took out of the queue or off a lane on its own since the last call:
         expired past their deadline (``Expired``), or back in the queue after a load yielded
-        (``Requeued``). The shell turns them into API writes."""
+        or lost (``Requeued``). The shell turns them into API writes."""
         notices, self._notices = self._notices, []
         return notices
 
@@ -219,6 +224,7 @@ class Dispatcher:
     def _forget(self, job_id: str) -> None:
         self._deadlines.pop(job_id, None)
         self._yielded.discard(job_id)
+        self._reloaded.discard(job_id)
 
     def _finish(self, job_id: str, run_seconds: float | None) -> None:
         done = self.running.pop(job_id, None)
@@ -254,6 +260,26 @@ class Dispatcher:
         lane.online = online
         if resident != lane.resident:
             lane.resident, lane.loading_since = resident, None
+
+    def _lose_load(self, lane_id: str) -> None:
+        lane = self.lanes.get(lane_id)
+        if lane is None:
+            return
+        if lane.loading_since is not None:
+            now = self.clock()
+            for job_id in sorted(lane.running):
+                run = self.running[job_id]
+                if run.started_at is None and run.charge is not None and job_id not in self._reloaded:
+                    self._unrun(lane, run, run.charge)
+                    self._reloaded.add(job_id)
+                    self._notices.append(Requeued(run.job, lane.id, now, None))
+        lane.resident, lane.loading_since = None, None
+
+    def _unrun(self, lane: Lane, run: Running, charge: Charge) -> None:
+        """A job dispatched but never started waits again in its place, its charge undone."""
+        del self.running[run.job.id]
+        lane.running.discard(run.job.id)
+        self.ranking.untake(run.job, charge.seq, charge.decision.at, charge.seconds, charge.served_before)
 
     def _loaded(self, lane_id: str, model: str) -> None:
         lane = self.lanes.get(lane_id)
@@ -333,9 +359,7 @@ class Dispatcher:
             if self.ranking.breakdown(newcomer, None, now).total - waiting <= margin:
                 continue
             for run, charge in zip(runs, charges, strict=True):
-                del self.running[run.job.id]
-                lane.running.discard(run.job.id)
-                self.ranking.untake(run.job, charge.seq, charge.decision.at, charge.seconds, charge.served_before)
+                self._unrun(lane, run, charge)
                 self._yielded.add(run.job.id)
                 self._notices.append(Requeued(run.job, lane.id, now, newcomer.id))
 
@@ -396,4 +420,5 @@ class Dispatcher:
         clone._deadlines = dict(self._deadlines)
         clone._deadline_heap = list(self._deadline_heap)
         clone._yielded = set(self._yielded)
+        clone._reloaded = set(self._reloaded)
         return clone

@@ -72,6 +72,17 @@ class LaneUpdated:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadLost:
+    """The pod a lane was loading its model in is gone (deleted, evicted, crashed) before it was ready.
+
+    No job had started on it: each waits again in its place, once; a job whose load is lost a second
+    time stays on the lane for the shell to fail. The lane has no model afterwards.
+    """
+
+    lane: str
+
+
+@dataclass(frozen=True, slots=True)
 class ModelLoaded:
     lane: str
     model: str
@@ -93,6 +104,7 @@ Event = (
     | QueueServed
     | UsageRestored
     | LaneUpdated
+    | LoadLost
     | ModelLoaded
     | ModelUpdated
 )
@@ -129,12 +141,15 @@ class Expired:
 
 @dataclass(frozen=True, slots=True)
 class Requeued:
-    """``job`` was dispatched to ``lane`` but its load yielded to ``to``; it waits again (Pending)."""
+    """``job`` was dispatched to ``lane`` but never started there; it waits again (Pending).
+
+    ``to`` is the newcomer the load yielded to, or None when the load was lost (``LoadLost``).
+    """
 
     job: Job
     lane: str
     at: float
-    to: str
+    to: str | None
 
 
 # What the dispatcher did on its own, besides dispatching: ``Dispatcher.take_notices``.

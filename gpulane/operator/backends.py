@@ -32,7 +32,7 @@ class Host(Protocol):
     sightings: Sightings
 
     def apply(self, event: Event, woke_at: float | None = None) -> None: ...
-    def backend_failed(self, lane: str, reason: str, message: str) -> None: ...
+    def backend_failed(self, lane: str, reason: str, message: str, *, lost: bool = False) -> None: ...
 
 
 def pod_event(host: Host, kind: str | None, body: Body) -> None:
@@ -68,7 +68,8 @@ def pod_changed(host: Host, state: PodState, gone: bool) -> None:
         core = host.dispatcher.lanes.get(state.lane)
         if core is not None and core.resident == state.model and runner.deleting != state.uid:
             what = "was deleted" if gone else "failed"
-            host.backend_failed(runner.name, "BackendLost", f"backend pod {state.name} for {state.model} {what}")
+            message = f"backend pod {state.name} for {state.model} {what}"
+            host.backend_failed(runner.name, "BackendLost", message, lost=True)
     if not gone and state.ready:
         host.status.lane_dirty(state.lane)
     runner.kick()

@@ -28,6 +28,7 @@ from gpulane.core.events import (
     JobFinished,
     JobSubmitted,
     LaneUpdated,
+    LoadLost,
     ModelLoaded,
 )
 from gpulane.core.jobs import ModelCatalog
@@ -305,13 +306,15 @@ class Controller:
 
     # -- lanes' backends ------------------------------------------------------------------------
 
-    def backend_failed(self, lane: str, reason: str, message: str) -> None:
-        """The lane's backend cannot serve: fail its jobs and forget the resident model."""
+    def backend_failed(self, lane: str, reason: str, message: str, *, lost: bool = False) -> None:
+        """The lane's backend cannot serve: fail its jobs and forget the resident model. A ``lost`` pod
+        (deleted, evicted, crashed) says nothing of its model: the jobs that waited for its load wait again."""
         log.warning("lane %s: %s: %s", lane, reason, message)
-        for view in self.jobs.on_lane(lane):
-            self.spawn(self.end_job(view, "Failed", reason, message))
-        runner = self.lanes[lane]
-        self.apply(LaneUpdated(lane, online=runner.online, resident=None))
+        held = [(view, view.decision) for view in self.jobs.on_lane(lane)]
+        self.apply(LoadLost(lane) if lost else LaneUpdated(lane, online=self.lanes[lane].online, resident=None))
+        for view, decision in held:
+            if self.jobs.holds(view) and view.decision is decision:  # not requeued (and dispatched afresh)
+                self.spawn(self.end_job(view, "Failed", reason, message))
         self.status.lane_dirty(lane)
 
     def model_loaded(self, lane: str, model: str, seconds: float | None) -> None:
@@ -363,8 +366,7 @@ class Controller:
             backends.check_node(self, runner)  # the lane may name another node now
             runner.kick()
             return
-        runner = LaneRunner(self, name, meta.get("uid", ""), spec)
-        runner.generation = meta.get("generation")
+        runner = LaneRunner(self, name, meta.get("uid", ""), spec, meta.get("generation"))
         status = body.get("status") or {}
         runner.conditions = list(status.get("conditions") or [])
         self.history.restore(name, status.get("history") or [])

@@ -94,21 +94,19 @@ class JobWrites:
         ref = {"apiVersion": API_VERSION, "kind": "GpuJob", "metadata": meta}
         await self.kube.event(ref, refusal.reason, refusal.message, warning=True, now=now)
 
-    async def requeued(self, view: JobView, message: str) -> None:
-        """Back to Pending after its lane's load yielded: no lane, no dispatch, the Dispatched condition
-        false; its queue position follows from the status writer."""
+    async def requeued(self, view: JobView, reason: str, message: str) -> None:
+        """Back to Pending after its lane's load yielded or was lost: no lane, no dispatch, the Dispatched
+        condition false; its queue position follows from the status writer."""
         now = self.clock()
         async with view.lock:
-            view.conditions = merge_condition(
-                view.conditions, condition("Dispatched", False, "LoadYielded", message, now)
-            )
+            view.conditions = merge_condition(view.conditions, condition("Dispatched", False, reason, message, now))
             fields = job_status(phase="Pending", lane=None, dispatchedAt=None, conditions=view.conditions)
             try:
                 await self.kube.patch_job_status(view.namespace, view.name, {"status": fields})
             except Gone:
                 return
             view.api_phase = "Pending"
-        await self.kube.event(view.ref(), "LoadYielded", message, now=now)
+        await self.kube.event(view.ref(), reason, message, now=now)
 
     async def add_finalizer(self, view: JobView) -> None:
         if FINALIZER in view.finalizers:

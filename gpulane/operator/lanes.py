@@ -47,7 +47,7 @@ class LaneHost(Protocol):
 
 
 class LaneRunner:
-    def __init__(self, host: LaneHost, name: str, uid: str, spec: GpuLaneSpec) -> None:
+    def __init__(self, host: LaneHost, name: str, uid: str, spec: GpuLaneSpec, generation: int | None) -> None:
         self.host = host
         self.name = name
         self.uid = uid
@@ -60,7 +60,7 @@ class LaneRunner:
         self.delete_requested = 0.0
         self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
         self.conditions: list[dict[str, Any]] = []
-        self.generation: int | None = None
+        self.generation = generation
         self.node_problem: str | None = None  # why its node cannot serve now (nodes.py); offline while set
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

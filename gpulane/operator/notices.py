@@ -4,8 +4,9 @@ A job still waiting at its queue deadline (its ``queueTimeoutSeconds``, or its b
 GpuPolicy) has already left the core's queue, or the lane whose model it waited for: here it leaves the
 operator's table at once, so nothing dispatches or starts it, and then fails with ``QueueTimeout``.
 
-A job whose lane's load yielded to a better newcomer (``loadYield``) is back in the core's queue: here it
-goes back to waiting too, off its lane, and its status to ``Pending``.
+A job whose lane's load yielded to a better newcomer (``loadYield``), or whose lane lost the pod it was
+loading in, is back in the core's queue: here it goes back to waiting too, off its lane, and its status
+to ``Pending``.
 """
 
 from __future__ import annotations
@@ -76,9 +77,14 @@ def _requeued(ctl: Host, notice: Requeued) -> None:
     if view is None or not ctl.jobs.holds(view, JobState.ASSIGNED):
         return
     ctl.jobs.requeue(view)
-    to = shown_in(view.namespace)(notice.to)
-    message = f"lane {notice.lane} stopped loading its model for {to}, which outscored it; it waits again"
-    ctl.spawn(ctl.writes.requeued(view, message))
+    if notice.to is None:
+        reason = "LoadLost"
+        message = f"lane {notice.lane}'s backend pod was lost before it was ready; it waits again, in its place"
+    else:
+        reason = "LoadYielded"
+        to = shown_in(view.namespace)(notice.to)
+        message = f"lane {notice.lane} stopped loading its model for {to}, which outscored it; it waits again"
+    ctl.spawn(ctl.writes.requeued(view, reason, message))
     if notice.lane in ctl.lanes:
         ctl.status.lane_dirty(notice.lane)
     ctl.status.dirty = True

@@ -178,6 +178,27 @@ def test_a_deleted_backend_pod_fails_its_running_job_and_the_lane_reloads(
     assert world.wait_phase("survivor", "Running", timeout=30)["pod"] == pod.metadata.name
 
 
+def test_a_pod_deleted_while_loading_puts_its_job_back_once_then_fails_it(
+    world: World, operator: OperatorProcess
+) -> None:
+    lane = world.lane()
+    slow = world.model("slow", ready_delay="1h")
+    world.job("patient", slow)
+    world.wait_phase("patient", "Dispatching")
+    [first] = wait_until(lambda: world.backend_pods(lane), what="the first pod")
+    world.core.delete_namespaced_pod(first.metadata.name, "gpulane-system", grace_period_seconds=0)
+    [event] = world.wait_events("patient", "LoadLost")
+    assert "waits again" in event.message
+    [second] = wait_until(
+        lambda: [p for p in world.backend_pods(lane) if p.metadata.uid != first.metadata.uid],
+        what="a new pod loading the model again",
+    )
+    assert world.status("patient")["phase"] in ("Pending", "Dispatching")
+    world.core.delete_namespaced_pod(second.metadata.name, "gpulane-system", grace_period_seconds=0)
+    lost = world.wait_phase("patient", "Failed", timeout=30)
+    assert lost["reason"] == "BackendLost", lost
+
+
 def test_operator_killed_and_restarted_loses_nothing_and_keeps_the_order(
     world: World, operator: OperatorProcess
 ) -> None:

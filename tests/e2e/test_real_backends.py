@@ -214,7 +214,12 @@ def test_a_real_llama_server_streams_swaps_stops_when_the_client_leaves_and_serv
     assert sorted(urgent) == [0, 50, 100], "every call of the burst was answered"
     log = world.core.read_namespaced_pod_log(pod.metadata.name, OPERATOR_NAMESPACE)
     assert "cancel task" in log, "the server went on generating after its client left"
-    new = [job for job in world.jobs() if job["metadata"]["name"] not in before]
-    ran = [job for job in new if (job.get("status") or {}).get("phase") == "Succeeded"]
+
+    def succeeded() -> list[dict[str, Any]]:
+        new = [job for job in world.jobs() if job["metadata"]["name"] not in before]
+        return [job for job in new if (job.get("status") or {}).get("phase") == "Succeeded"]
+
+    # The bridge answers a call before it writes the job's outcome: wait for the three writes.
+    ran = wait_until(lambda: len(jobs := succeeded()) == 3 and jobs, what="the burst's three jobs Succeeded")
     order = [job["spec"]["priority"] for job in sorted(ran, key=lambda job: job["status"]["startedAt"])]
     assert order == [100, 50, 0], order

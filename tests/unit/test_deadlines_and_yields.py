@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gpulane.core.dispatcher import DispatchError
-from gpulane.core.events import Expired, JobCancelled, JobFinished, JobSubmitted, ModelLoaded, Requeued
+from gpulane.core.events import (
+    Expired,
+    JobCancelled,
+    JobFinished,
+    JobSubmitted,
+    LoadLost,
+    ModelLoaded,
+    Requeued,
+)
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 
@@ -227,3 +235,32 @@ def test_a_yielded_job_keeps_its_place_and_its_member_is_not_charged():
     d.handle(ModelLoaded("gpu-0", "sdxl"))
     clock.now = 200
     assert names(d.handle(JobFinished("image"))) == ["shot-1"]  # alice's queue is older than dave's
+
+
+# -- loads that are lost ------------------------------------------------------------------------
+
+
+def test_a_lost_load_puts_its_jobs_back_in_their_places_once_then_they_stay_to_fail():
+    d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS, policy=Policy(fairShare="turns"))
+    [shot] = submit(d, clock, "shot", model="film", priority=-100, member="alice")
+    submit(d, clock, "later", model="film", priority=-100, member="dave")
+    charged = d.ranking.usage(0)
+    clock.now = 10
+    [again] = d.handle(LoadLost("gpu-0"))
+    assert d.take_notices() == [Requeued(shot.job, "gpu-0", 10, None)]
+    assert (again.job.id, again.load, again.at) == ("shot", True, 10)  # first in its place, loading afresh
+    assert d.ranking.usage(10) == pytest.approx(charged, rel=0.01)  # charged once: the lost load was refunded
+    clock.now = 20
+    assert d.handle(LoadLost("gpu-0")) == []  # lost twice: it stays on the lane, for the shell to fail
+    assert d.take_notices() == [] and "shot" in d.running and d.lanes["gpu-0"].resident is None
+    assert names(d.handle(JobFinished("shot"))) == ["later"]
+
+
+def test_a_lost_backend_whose_jobs_had_started_requeues_nothing():
+    d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS)
+    submit(d, clock, "shot", model="film", member="alice")
+    d.handle(ModelLoaded("gpu-0", "film"))
+    clock.now = 100
+    assert d.handle(LoadLost("gpu-0")) == [] and d.take_notices() == []
+    assert d.running["shot"].started_at == 0 and d.lanes["gpu-0"].resident is None
+    assert d.handle(LoadLost("gpu-unknown")) == []

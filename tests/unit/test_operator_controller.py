@@ -690,6 +690,41 @@ def test_a_late_event_of_a_replaced_pod_fails_nothing_and_stands_for_no_pod():
     asyncio.run(scenario())
 
 
+def test_a_pod_lost_while_loading_puts_its_job_back_once_then_fails_it():
+    """A pod deleted, evicted or crashed before it was Ready says nothing of its model, and no call had
+    reached it: its job waits again, in its place, and a new pod loads. Lost a second time, it fails."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane()
+        w.submit("j1")
+        await w.reconcile()
+        target = f"pods/{SYSTEM}/gpulane-gpu-0"
+        first = w.kube.get(target)["metadata"]["uid"]
+        assert w.phase("j1") == "Dispatching"
+
+        w.clock.now += 5
+        w.ctl.pod_event("DELETED", w.kube.vanish(target))  # not the operator's delete: someone else's
+        await w.settle()
+        job = w.kube.job("j1")
+        dispatched = next(c for c in job["status"]["conditions"] if c["type"] == "Dispatched")
+        assert (dispatched["status"], dispatched["reason"]) == ("False", "LoadLost"), dispatched
+        assert [c.body["reason"] for c in w.kube.calls_of("event", f"gpujobs/{NS}/j1")][-1] == "LoadLost"
+        await w.reconcile()
+        second = w.kube.get(target)["metadata"]["uid"]
+        assert second != first and w.phase("j1") == "Dispatching"
+
+        w.clock.now += 5
+        w.ctl.pod_event("DELETED", w.kube.vanish(target))
+        await w.settle()
+        failed = w.kube.job("j1")["status"]
+        assert (failed["phase"], failed["reason"]) == ("Failed", "BackendLost"), failed
+        assert w.ctl.dispatcher.running == {} and w.ctl.dispatcher.pending_count == 0
+
+    asyncio.run(scenario())
+
+
 # -- 4. rebuild -------------------------------------------------------------------------------------
 
 

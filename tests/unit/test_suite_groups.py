@@ -87,6 +87,15 @@ def test_one_worker_runs_everything_and_the_serial_group_last(suite: pytest.Pyte
     assert names[-3:] == ["serial0", "serial1", "serial2"], names
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_few_unit_tests_alone_run_to_the_end(suite: pytest.Pytester, workers: str) -> None:
+    """Unit tests are units of one test each; a worker runs a test only once it holds the next one, so a run
+    of one module (`pytest -n 2 tests/unit/x.py`) hung when each worker started with a single unit."""
+    result = suite.runpytest_subprocess(*QUIET, "-n", workers, "test_plain.py", timeout=50)
+    result.assert_outcomes(passed=6)
+
+
 def test_a_serial_test_given_to_another_worker_fails_loudly(suite: pytest.Pytester) -> None:
     """An explicit --dist (here each: every test on every worker) is taken as asked: gw1's serial tests must
     fail, saying why."""
