@@ -1,13 +1,15 @@
 """Chaos: gpulane as the chart installs it on the real node gpu-0, with the faults production meets, while
 jobs flow; an independent checker (bench/checker.py) says whether a promise broke.
 
-    .venv/bin/python bench/chaos.py [--minutes 10 | --rounds 1] [--seed 1]
+    .venv/bin/python bench/chaos.py [--minutes 10 | --rounds 1] [--seed 1] [--profiles before,chart]
 
-The chart runs two operator replicas (one leads through its Lease), two webhook replicas and the bridge,
-all on gpu-0, and so does the one lane: gpu-0's GPU, whose backend pod (``gpulane fake-backend``) really
-serves. Two models, one mostly, the other now and then (a swap). Jobs arrive two ways: GpuJobs created
-like kubectl does (the bench completes them as their executor), and OpenAI calls through the bridge's
-Service, for the main model.
+The chart runs with its defaults (``--profiles chart``): two operator replicas (one leads through its Lease),
+admission by the apiserver's own policies where it serves them (else two webhook replicas), two bridge
+replicas; ``before`` is the defaults before issue 39 (the webhook, one bridge replica). Several profiles run
+one after the other with the same seed, side by side in one report. Everything runs on gpu-0, and so does
+the one lane: gpu-0's GPU, whose backend pod (``gpulane fake-backend``) really serves. Two models, one
+mostly, the other now and then (a swap). Jobs arrive two ways: GpuJobs created like kubectl does (the bench
+completes them as their executor), and OpenAI calls through the bridge's Service, for the main model.
 
 One fault at a time, in a seeded order that goes through every kind before repeating one. The run lasts
 ``--minutes``, or with ``--rounds N`` until every kind was injected N times, however long that takes on a
@@ -17,11 +19,15 @@ slow machine (the test in ``make test`` runs one round):
 - ``webhook-pod``, ``bridge-pod``, ``backend-pod``: one such pod deleted the same way;
 - ``apiserver``, ``etcd``: the process SIGKILLed and started again (``localcluster.restart``);
 - ``webhook-outage``: the webhook scaled to 0 for ``--outage-seconds``; creates are refused meanwhile;
+  with no webhook installed (admission by policies), the webhook's kinds do not apply and are skipped;
 - ``kubelet``, ``containerd``: restarted on gpu-0, if possible while the real lane's pod serves a call.
 
 After each fault the bench waits until a job is dispatched again (at most ``--bound`` seconds), then a few
-seconds more. At the end the arrivals stop, every job must end, and the operator's metrics must agree
-with the API. It prints a JSON report (with the seed) and exits non-zero when a promise broke.
+seconds more. Every call and create that went wrong is put down with the fault in force then (the last one
+injected before it): refused (a create the cluster refused for being unavailable, a 429 or 503 to retry, or
+no bridge to connect to) or failed (taken, then lost: the backend failed, the connection dropped). At the
+end the arrivals stop, every job must end, and the operator's metrics must agree with the API. It prints a
+JSON report (with the seed) and exits non-zero when a promise broke.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import yaml
 from checker import TERMINAL, Fault, Record, Watcher, metrics_problems
@@ -67,6 +74,12 @@ FAULTS = (
 )
 ON_THE_NODE = ("kubelet", "containerd")  # wait for the real lane to serve first
 # Components no fault targets: if one exits, the bench plays the supervisor a real control plane has.
+WEBHOOK_FAULTS = ("webhook-pod", "webhook-outage")
+# Values on top of the bench's own: "chart" is the chart's defaults, "before" the defaults before issue 39.
+PROFILES: dict[str, dict[str, Any]] = {
+    "chart": {},
+    "before": {"admission": {"mode": "webhook"}, "bridge": {"replicas": 1}},
+}
 SUPERVISED = ("kube-scheduler", "kube-controller-manager", "kwok", "coredns", "kube-proxy", "gpu-device-plugin")
 
 
@@ -77,8 +90,8 @@ def wall(moment: float) -> str:
 class Chaos:
     """The release, its world and the run's threads."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args, self.rng = args, random.Random(args.seed)
+    def __init__(self, args: argparse.Namespace, profile: str) -> None:
+        self.args, self.rng, self.profile = args, random.Random(args.seed), profile
         info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
         if not info.real_node:
             raise SystemExit("the chaos run needs the real node gpu-0; the cluster runs with GPULANE_NODE=kwok")
@@ -96,6 +109,8 @@ class Chaos:
         self.rounds_done = threading.Event()  # --rounds: every kind injected that many times (or chaos gave up)
         self.counts: collections.Counter[str] = collections.Counter()
         self.refusals: dict[str, str] = {}  # kind of refusal -> one message, as the client got it
+        self.went_wrong: list[tuple[float, str, str]] = []  # (when, "bridge" or "kubectl", "refused" or "failed")
+        self.kinds: list[str] = list(args.faults)  # those that apply to the release (install)
         self.created: list[str] = []
         self.outage: tuple[float, float] | None = None
         self.errors: list[str] = []  # what kept the run from going as planned
@@ -132,12 +147,14 @@ class Chaos:
                 "keys": {"inline": {"keys": [{"name": "chaos", "key": KEY, "member": "api", "maxPriority": 100}]}},
             },
         }
-        (values_file := self.work / "values.yaml").write_text(yaml.safe_dump(values))
+        (values_file := self.work / "values.yaml").write_text(yaml.safe_dump(merged(values, PROFILES[self.profile])))
         started = time.monotonic()
         self.cluster.helm(
             "install", self.release, str(CHART), "-n", self.ns, "-f", str(values_file), "--wait", "--timeout", "180s"
         )
         self.counts["install seconds"] = round(time.monotonic() - started, 1)
+        if not self.pods("webhook"):  # admission by the apiserver's policies: nothing of the webhook to fault
+            self.kinds = [k for k in self.kinds if k not in WEBHOOK_FAULTS]
         wait_until(
             lambda: self.world.cluster_status("gpupolicies", "default").get("observedGeneration") == 1,
             timeout=60,
@@ -189,6 +206,7 @@ class Chaos:
         kind = "webhook" if "webhook" in message else "apiserver" if "connect" in message.lower() else "other"
         self.counts[f"{what} refused ({kind})"] += 1
         self.refusals.setdefault(f"{what} ({kind})", message.strip().splitlines()[-1][:300])
+        self.went_wrong.append((time.time(), what, "refused"))
 
     def submit(self) -> None:
         """GpuJobs as kubectl creates them."""
@@ -235,9 +253,13 @@ class Chaos:
             except openai.APIStatusError as err:
                 self.counts[f"bridge {err.status_code}"] += 1
                 self.refusals.setdefault(f"bridge {err.status_code}", str(err)[:300])
+                self.went_wrong.append((time.time(), "bridge", call_outcome(err)))
                 time.sleep(0.5)
-            except openai.APIConnectionError:
-                self.counts["bridge unreachable"] += 1
+            except openai.APIConnectionError as err:
+                # Nothing took the connection (no bridge), or a bridge took it and went away with the call.
+                connected = not isinstance(err.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+                self.counts["bridge dropped" if connected else "bridge unreachable"] += 1
+                self.went_wrong.append((time.time(), "bridge", "failed" if connected else "refused"))
                 time.sleep(0.5)
 
     def drained(self) -> bool:
@@ -313,12 +335,12 @@ class Chaos:
         order: list[str] = []
         rounds = 0
         while not self.stop.wait(self.rng.uniform(3, 6)):
-            if not self.args.faults:
+            if not self.kinds:
                 continue
             if not order:
                 if self.args.rounds and rounds == self.args.rounds:
                     return
-                order = self.rng.sample(self.args.faults, len(self.args.faults))
+                order = self.rng.sample(self.kinds, len(self.kinds))
                 rounds += 1
             kind = order.pop()
             try:
@@ -371,6 +393,29 @@ class Chaos:
                         if any(start <= at <= end and p in TERMINAL for at, p in t.phases))  # fmt: skip
         return {"seconds": round(end - start, 1), "dispatches": dispatches, "jobs_ended": ended}
 
+    def by_fault(self, end: float) -> dict[str, dict[str, Any]]:
+        """What went wrong, per path, under each kind of fault (from its injection to the next one's), with how
+        long each path refused: from its first refusal to its last in a window, summed over the kind's windows."""
+        with self.record.lock:
+            faults = sorted(self.record.faults, key=lambda f: f.at)
+        windows = [(f.kind, f.at, nxt.at if nxt else end) for f, nxt in zip(faults, [*faults[1:], None], strict=True)]
+        if faults:
+            windows.insert(0, ("none", 0.0, faults[0].at))
+        table: dict[str, dict[str, Any]] = {}
+        for kind, start, stop in windows:
+            row = table.setdefault(kind, {"injected": 0, "refused seconds": collections.Counter()})
+            row["injected"] += kind != "none"
+            inside = [(at, path, what) for at, path, what in self.went_wrong if start <= at < stop]
+            for _, path, what in inside:
+                row[f"{path} {what}"] = row.get(f"{path} {what}", 0) + 1
+            for path in ("bridge", "kubectl"):
+                times = [at for at, p, what in inside if p == path and what == "refused"]
+                if times:
+                    row["refused seconds"][path] += round(max(times) - min(times), 1)
+        for row in table.values():
+            row["refused seconds"] = dict(row["refused seconds"])
+        return table
+
     def keep_logs(self) -> None:
         """The release's logs (each container's and the one before it), to read the report against."""
         selector = f"app.kubernetes.io/instance={self.release}"
@@ -400,7 +445,7 @@ class Chaos:
         self.stop.set()
         for t in workers:
             t.join(timeout=300)
-        ran = time.monotonic() - started
+        ran, ended_at = time.monotonic() - started, time.time()
         drain_started = time.monotonic()
         drained = True
         try:
@@ -425,12 +470,17 @@ class Chaos:
         outage = self.outage_report()
         slow = {kind: s for kind, s in recoveries.items() if max(s) > self.args.bound}
         report = {
+            "profile": self.profile,
+            "admission": "webhook" if self.pods("webhook") else "policy",
+            "bridge_replicas": len(self.pods("bridge")),
             "seed": self.args.seed,
             "minutes": round(ran / 60, 1),
             "jobs": len(seen),
             "arrivals": dict(self.counts),
             "refusals": self.refusals,
             "faults": dict(faults),
+            "not_applicable": [k for k in self.args.faults if k not in self.kinds],
+            "by_fault": self.by_fault(ended_at),
             "outcomes": dict(outcomes),
             "recovery_s": {
                 kind: {"p50": round(statistics.median(s), 1), "max": max(s), "n": len(s)}
@@ -469,16 +519,48 @@ def main() -> None:
     )
     parser.add_argument("--keep", action="store_true", help="leave the release installed, to look at it")
     parser.add_argument("--drain-seconds", type=float, default=300.0, help="how long the jobs get to end")
+    parser.add_argument(
+        "--profiles",
+        type=lambda s: [p for p in s.split(",") if p],
+        default=["chart"],
+        help=f"the release's values, run one after the other: {', '.join(PROFILES)} (default chart)",
+    )
     args = parser.parse_args()
-    chaos = Chaos(args)
-    try:
-        report = chaos.run()
-    finally:
-        if not args.keep:
-            chaos.remove()
-    report["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    if unknown := set(args.profiles) - set(PROFILES):
+        parser.error(f"unknown profiles {sorted(unknown)}: choose from {', '.join(PROFILES)}")
+    reports = {}
+    for profile in args.profiles:
+        chaos = Chaos(args, profile)
+        try:
+            reports[profile] = chaos.run()
+        finally:
+            if not args.keep:
+                chaos.remove()
+    machine = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    # One profile: its report as it always was; several: side by side.
+    report = next(iter(reports.values())) if len(reports) == 1 else {"profiles": reports}
+    report["machine"] = machine
     print(json.dumps(report, indent=1))
-    sys.exit(0 if report["promises_kept"] else 1)
+    sys.exit(0 if all(r["promises_kept"] for r in reports.values()) else 1)
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, dictionaries merged key by key (as helm merges values files)."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def call_outcome(err: openai.APIStatusError) -> str:
+    """A bridge error: "refused" when the call was turned away to retry (the cluster could not take its job,
+    a replica draining, a full queue), "failed" when it was taken and then lost."""
+    message = str(err)
+    if err.status_code == 429 or (
+        err.status_code == 503 and ("cannot take the job" in message or "draining" in message)
+    ):
+        return "refused"
+    return "failed"
 
 
 if __name__ == "__main__":

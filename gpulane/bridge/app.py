@@ -232,16 +232,25 @@ class Bridge:
         self.metrics.queued.inc()
         queued = True
         received = time.monotonic()
+        response: web.StreamResponse | None = None
+
+        async def waiting(name: str, reason: str) -> None:
+            """The cluster cannot take the job yet (docs/bridge.md, Through faults): a stream hears it."""
+            nonlocal response
+            if call.stream:
+                headers["X-Gpulane-Job"] = name
+                response = response or await self._start_events(request, headers)
+                await response.write(f": waiting for the cluster to take the job ({reason})\n\n".encode())
+
         try:
-            name = await self.queue.submit(submission)
+            name = await self.queue.submit(submission, waiting)
         except BaseException as err:
             self._queued[identity.member] -= 1
             self.metrics.queued.dec()
-            if isinstance(err, CallError):  # the cluster refused the job (docs/bridge.md)
-                return self._error(err)
+            if isinstance(err, CallError):  # the cluster refused the job, or stayed unavailable (docs/bridge.md)
+                return await self._fail(response, err)
             raise
         headers["X-Gpulane-Job"] = name
-        response: web.StreamResponse | None = None
         outcome = Outcome()
         try:
             state: JobState | None = None

@@ -24,7 +24,8 @@ from gpulane.api.times import format_time
 from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.calls import CallError
 from gpulane.bridge.catalog import Catalog, ServedModel
-from gpulane.kube.client import Conflict, Gone, Kube, backoff, refusal_message
+from gpulane.bridge.creates import PATIENCE_SECONDS, Waiting, create_patiently, transient
+from gpulane.kube.client import Conflict, Gone, Kube, backoff, refusal_message, why
 from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class JobQueue(Protocol):
     async def models(self) -> Catalog: ...
     async def lanes(self) -> list[LaneView]: ...
     async def resident(self, model: str) -> str | None: ...
-    async def submit(self, submission: Submission) -> str: ...
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str: ...
     def follow(self, name: str) -> AsyncIterator[JobState]: ...
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
     async def cancel(self, name: str) -> None: ...
@@ -85,7 +86,11 @@ def _refusal(err: ApiException) -> CallError:
         return CallError(403, f"the cluster refused the job: {message}", kind="permission_error")
     if err.status in (400, 422):
         return CallError(400, f"the cluster refused the job: {message}")
-    return CallError(503, f"the cluster cannot take the job now: HTTP {err.status} {message}", kind="server_error")
+    return _unavailable(f"HTTP {err.status} {message}")
+
+
+def _unavailable(what: str) -> CallError:
+    return CallError(503, f"the cluster cannot take the job now: {what}", kind="server_error", retry_after=1)
 
 
 def _state(obj: dict[str, Any]) -> JobState:
@@ -204,7 +209,8 @@ class KubeJobQueue:
                     return await lane_backend(self.kube, self.backend_namespace, lane.name, model)
         return None
 
-    async def submit(self, submission: Submission) -> str:
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
+        """Create the call's job, waiting out a brief outage for up to its queue timeout (or 30 s)."""
         name = f"call-{uuid.uuid4().hex[:12]}"
         self._waiters[name] = asyncio.Queue()
         manifest: Body = {
@@ -230,13 +236,19 @@ class KubeJobQueue:
             manifest["spec"]["queueTimeoutSeconds"] = submission.queue_timeout_seconds
         if submission.requested_priority is not None:  # as the webhook records its own caps
             manifest["metadata"]["annotations"][REQUESTED_PRIORITY] = str(submission.requested_priority)
+        patience = submission.queue_timeout_seconds or PATIENCE_SECONDS
         try:
-            await self.kube.create_job(manifest)
-        except ApiException as err:
+            await create_patiently(self.kube, manifest, patience, waiting)
+        except BaseException as err:
             self._waiters.pop(name, None)
-            raise _refusal(err) from None
-        except BaseException:
-            self._waiters.pop(name, None)
+            if isinstance(err, asyncio.CancelledError) or transient(err):
+                # An attempt may have landed with its answer lost: no job may stay behind without its call.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.kube.delete_job(self.namespace, name))
+            if isinstance(err, ApiException):
+                raise _refusal(err) from None
+            if transient(err):
+                raise _unavailable(why(err)) from None
             raise
         return name
 

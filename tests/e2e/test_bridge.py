@@ -23,6 +23,8 @@ import yaml
 from .operator_support import OPERATOR_NAMESPACE, BridgeProcess, FakeBackendProcess, OperatorProcess, World
 from .support import REPO, Cluster, wait_until
 
+from suite_groups import free_port  # isort: skip  (tests/, put on sys.path by .support)
+
 pytestmark = pytest.mark.e2e("kwok")
 
 APP_KEY = "sk-e2e-app-key-123"  # trusted: an application that serves its own users
@@ -360,3 +362,59 @@ def test_a_call_whose_queue_timeout_passes_behind_a_running_job_gets_a_503_and_i
     world.job("batch", setup.model, queueTimeoutSeconds=2)
     assert world.wait_phase("batch", "Failed", timeout=30)["reason"] == "QueueTimeout"
     world.complete("blocker")
+
+
+@contextlib.contextmanager
+def unreachable_webhook(world: World) -> Iterator[None]:
+    """A GpuJob webhook for this test's namespace that nothing answers (failurePolicy Fail): every create
+    there fails with "failed calling webhook", as while a webhook's pods are replaced, until it is removed."""
+    tag = f"t{time.monotonic_ns() % 10**8}"
+    name = f"gpulane-e2e-outage-{tag}"
+    world.cluster.kubectl("label", "namespace", world.namespace, f"gpulane.io/outage-test={tag}")
+    port = free_port()  # bound by nobody: connection refused
+    hook = {
+        "name": "outage.gpulane.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+        "failurePolicy": "Fail", "timeoutSeconds": 2,
+        "clientConfig": {"url": f"https://127.0.0.1:{port}/validate"},
+        "namespaceSelector": {"matchLabels": {"gpulane.io/outage-test": tag}},
+        "rules": [{"apiGroups": ["gpulane.io"], "apiVersions": ["*"], "operations": ["CREATE"],
+                   "resources": ["gpujobs"]}],
+    }  # fmt: skip
+    world.apply({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                 "metadata": {"name": name}, "webhooks": [hook]})  # fmt: skip
+    try:
+        yield
+    finally:
+        world.cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
+        world.cluster.kubectl("label", "namespace", world.namespace, "gpulane.io/outage-test-")
+
+
+def test_a_call_waits_out_an_admission_outage_and_is_answered(setup: Setup) -> None:
+    """Issue 39: a create refused because admission is unreachable is retried with backoff; a stream hears
+    why meanwhile, and once the webhook is back (here: removed) the call is queued and answered."""
+    with contextlib.ExitStack() as outage:
+        outage.enter_context(unreachable_webhook(setup.world))
+        body = json.dumps({"model": setup.model, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        request = urllib.request.Request(f"{setup.bridge.url}/v1/chat/completions", data=body.encode(),
+                                         headers={"Authorization": f"Bearer {USER_KEY}",
+                                                  "Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as stream:
+            first = stream.readline().decode()
+            assert first.startswith(": waiting for the cluster to take the job (HTTP 500"), first
+            assert setup.jobs() == [], "no job while admission refuses it"
+            outage.close()  # the webhook is back
+            rest = stream.read().decode()
+        assert '"content"' in rest and rest.rstrip().endswith("data: [DONE]"), rest
+        assert stream.headers["X-Gpulane-Job"] in {j["metadata"]["name"] for j in setup.all_succeeded()}
+
+
+def test_an_admission_outage_longer_than_the_calls_patience_gets_a_503_and_leaves_no_job(setup: Setup) -> None:
+    with unreachable_webhook(setup.world):
+        client = setup.client(**{"X-Gpulane-Queue-Timeout": "2"})  # the bound of its retries
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "hi"}])
+        assert refused.value.status_code == 503, refused.value
+        assert refused.value.response.headers["Retry-After"] == "1"
+        assert "the cluster cannot take the job now: HTTP 500" in refused.value.message, refused.value.message
+        assert "failed calling webhook" in refused.value.message
+        assert setup.jobs() == []

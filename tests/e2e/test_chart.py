@@ -124,10 +124,14 @@ def test_the_chart_installs_gpulane_on_the_real_node(
          "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": world_pv,
                   "resources": {"requests": {"storage": "1Gi"}}}},
     ]))  # fmt: skip
+    # The webhook and one bridge replica, not the defaults: this test follows the webhook's TLS and warnings,
+    # and one bridge pod through a rollout. The chaos run installs the defaults (policies, two bridges).
     values = {
+        "admission": {"mode": "webhook"},
         "webhook": {"namespaceSelector": {SELECTOR_LABEL: tag}},
         "bridge": {
             "enabled": True,
+            "replicas": 1,
             "keys": {"inline": {"keys": [{"name": "chart", "key": BRIDGE_KEY, "member": "chart"}]}},
             "executeNamespaces": [namespace],
             "results": {"enabled": True, "existingClaim": "results"},
@@ -560,6 +564,20 @@ def rendered(cluster: Cluster, *values: str) -> dict[tuple[str, str], dict[str, 
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
 
 
+def test_two_bridge_replicas_by_default_with_a_disruption_budget(cluster: Cluster) -> None:
+    """Issue 39: a killed or rolled bridge replica costs no new call; one replica gets no budget (it would block
+    every drain)."""
+    bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
+    two = rendered(cluster, *bridge)
+    assert two["Deployment", "r-gpulane-bridge"]["spec"]["replicas"] == 2
+    budget = two["PodDisruptionBudget", "r-gpulane-bridge"]["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"] == two["Deployment", "r-gpulane-bridge"]["spec"]["selector"]["matchLabels"]
+    one = rendered(cluster, *bridge, "--set", "bridge.replicas=1")
+    assert ("PodDisruptionBudget", "r-gpulane-bridge") not in one
+    assert ("PodDisruptionBudget", "r-gpulane-bridge") not in rendered(cluster)  # no bridge, no budget
+
+
 def test_observability_network_policies_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
     bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
     plain = rendered(cluster, *bridge)
@@ -693,6 +711,10 @@ def test_admission_mode_chooses_the_webhook_the_apiservers_policies_or_both(clus
     assert policies <= kinds["policy"] and not kinds["policy"] & hooks
     assert ("Deployment", "r-gpulane-webhook") not in rendered(cluster, *version, "--set", "admission.mode=policy")
     assert policies | hooks <= kinds["webhook+policy"]
+    # The default, auto: the policies where the apiserver serves MutatingAdmissionPolicy v1, else the webhook.
+    served = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+    assert {k for k, _ in rendered(cluster, *version, *served)} == kinds["policy"]
+    assert {k for k, _ in rendered(cluster, *version)} == kinds["webhook"]
     both = rendered(cluster, *version, "--set", "admission.mode=webhook+policy", "--set-json",
                     'webhook.namespaceSelector={"team": "a"}')  # fmt: skip
     mutating = both["MutatingWebhookConfiguration", "r-gpulane"]["webhooks"]

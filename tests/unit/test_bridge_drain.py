@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpulane.api.contract import EXECUTOR_LEASE
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
+from gpulane.bridge.creates import Waiting
 from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
@@ -33,7 +34,7 @@ class HeldQueue:
     async def models(self) -> Catalog:
         return Catalog.of({"m"})
 
-    async def submit(self, submission: Submission) -> str:
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         self.submitted += 1
         return f"call-{self.submitted}"
 

@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
+from gpulane.bridge.creates import Waiting
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -31,7 +32,7 @@ class RunningQueue:
     async def models(self) -> Catalog:
         return Catalog.of({"m"})
 
-    async def submit(self, submission: Submission) -> str:
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         return "job-1"
 
     async def follow(self, name: str) -> AsyncIterator[JobState]:

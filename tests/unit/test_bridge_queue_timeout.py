@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpulane.api.run_limits import MAX_RUN_SECONDS
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
+from gpulane.bridge.creates import Waiting
 from gpulane.bridge.jobs import JobState, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -35,7 +36,7 @@ class ExpiringQueue:
     async def models(self) -> Catalog:
         return Catalog.of({"m"})
 
-    async def submit(self, submission: Submission) -> str:
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         self.submissions.append(submission)
         return f"call-{len(self.submissions)}"
 

@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError
 from gpulane.bridge.catalog import Catalog
+from gpulane.bridge.creates import Waiting
 from gpulane.bridge.jobs import JobState, Submission, _refusal
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -49,7 +50,7 @@ class RefusingQueue:
     async def models(self) -> Catalog:
         return Catalog.of({"m"})
 
-    async def submit(self, submission: Submission) -> str:
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         raise CallError(403, f"the cluster refused the job: {DENIED}", kind="permission_error")
 
     async def follow(self, name: str) -> AsyncIterator[JobState]:

@@ -19,6 +19,7 @@ from gpulane.bridge import routes
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError, read_call
 from gpulane.bridge.catalog import Catalog
+from gpulane.bridge.creates import Waiting
 from gpulane.bridge.jobs import JobState, LaneView, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
@@ -45,7 +46,7 @@ class Queue:
     async def resident(self, model: str) -> str | None:
         return self.url if model in self.loaded else None
 
-    async def submit(self, submission: Submission) -> str:
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         self.submitted.append(submission)
         return f"job-{len(self.submitted)}"
 

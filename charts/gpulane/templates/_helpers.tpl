@@ -124,11 +124,18 @@ affinity:
 {{- end }}
 {{- end }}
 
-{{/* The webhook runs unless admission.mode is "policy" (the apiserver's own policies alone). "true" or "". */}}
-{{- define "gpulane.webhook.on" -}}
-{{- if and .Values.webhook.enabled (ne .Values.admission.mode "policy") }}true{{ end }}
+{{/* The admission mode in effect. "auto" is "policy" where the apiserver serves MutatingAdmissionPolicy v1
+(Kubernetes 1.36 or later; helm asks the cluster, `helm template` needs --api-versions to say so), else "webhook". */}}
+{{- define "gpulane.admission.mode" -}}
+{{- if ne .Values.admission.mode "auto" }}{{ .Values.admission.mode }}
+{{- else if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}policy
+{{- else }}webhook{{ end }}
 {{- end }}
-{{/* The apiserver's admission policies (CEL) are installed with admission.mode policy or webhook+policy. */}}
+{{/* The webhook runs unless the mode is "policy" (the apiserver's own policies alone). "true" or "". */}}
+{{- define "gpulane.webhook.on" -}}
+{{- if and .Values.webhook.enabled (ne (include "gpulane.admission.mode" .) "policy") }}true{{ end }}
+{{- end }}
+{{/* The apiserver's admission policies (CEL) are installed in mode policy or webhook+policy. */}}
 {{- define "gpulane.policies.on" -}}
-{{- if has .Values.admission.mode (list "policy" "webhook+policy") }}true{{ end }}
+{{- if has (include "gpulane.admission.mode" .) (list "policy" "webhook+policy") }}true{{ end }}
 {{- end }}
