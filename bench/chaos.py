@@ -48,7 +48,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import yaml
 from checker import TERMINAL, Fault, Record, Watcher, metrics_problems
@@ -257,7 +257,7 @@ class Chaos:
                 time.sleep(0.5)
             except openai.APIConnectionError as err:
                 # Nothing took the connection (no bridge), or a bridge took it and went away with the call.
-                connected = not isinstance(err.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+                connected = not isinstance(err.__cause__, httpx2.ConnectError | httpx2.ConnectTimeout)
                 self.counts["bridge dropped" if connected else "bridge unreachable"] += 1
                 self.went_wrong.append((time.time(), "bridge", "failed" if connected else "refused"))
                 time.sleep(0.5)
