@@ -17,6 +17,8 @@ from gpulane.api.contract import Body
 from gpulane.api.resources import GpuModelSpec
 from gpulane.bridge.calls import Call, CallError
 
+PASSTHROUGH = ("LowerFirst", "HigherFirst")
+
 
 @dataclass(frozen=True, slots=True)
 class ServedModel:
@@ -30,10 +32,12 @@ class ServedModel:
         """From a GpuModel; one whose spec does not validate is still served by its name, as the operator
         decides whether it runs (its Accepted condition says why not)."""
         name = body["metadata"]["name"]
+        raw = body.get("spec") or {}
         try:
-            spec = GpuModelSpec.model_validate(body.get("spec") or {})
-        except ValidationError:
-            return cls(name)
+            spec = GpuModelSpec.model_validate(raw)
+        except ValidationError:  # its passthrough still holds: a caller's own priority must not reach the server
+            passthrough = raw.get("priorityPassthrough") if isinstance(raw, dict) else None
+            return cls(name, priority_passthrough=passthrough if passthrough in PASSTHROUGH else None)
         return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough)
 
 
@@ -88,18 +92,34 @@ def outgoing(call: Call, model: ServedModel, priority: int) -> tuple[bytes, str]
     A JSON body's ``model`` becomes the model's ``useModelName``, and with ``priorityPassthrough`` its
     ``priority`` becomes the call's effective priority (after any cap), in the server's sense: negated for
     LowerFirst servers, as is for HigherFirst ones. A caller's own ``priority`` never reaches such a
-    server, so it cannot jump the server's queue. A query's ``model`` parameter gets the
-    ``useModelName`` too; forms and /upstream calls pass as they are."""
+    server, so it cannot jump the server's queue, not through /upstream either. A query's ``model``
+    parameter gets the ``useModelName`` too; forms and /upstream calls otherwise pass as they are."""
     body, target = call.body, call.target
     if call.source == "json" and (model.use_model_name or model.priority_passthrough):
         payload = json.loads(body)  # read_call checked that it is a JSON object
         if model.use_model_name:
             payload["model"] = model.use_model_name
-        if model.priority_passthrough:
-            payload["priority"] = -priority if model.priority_passthrough == "LowerFirst" else priority
-        body = json.dumps(payload).encode()
+        body = json.dumps(with_priority(payload, model, priority)).encode()
+    elif call.source == "path" and model.priority_passthrough and (payload := _json_object(body)) is not None:
+        body = json.dumps(with_priority(payload, model, priority)).encode()
     elif call.source == "query" and model.use_model_name:
         path, _, query = target.partition("?")
         pairs = [(k, model.use_model_name if k == "model" else v) for k, v in parse_qsl(query, keep_blank_values=True)]
         target = f"{path}?{urlencode(pairs)}"
     return body, target
+
+
+def with_priority(payload: dict[str, Any], model: ServedModel, priority: int) -> dict[str, Any]:
+    """``payload`` with ``priority`` in the server's sense for a model with ``priorityPassthrough`` (negated for
+    LowerFirst), replacing whatever the caller put there; unchanged for any other model."""
+    if not model.priority_passthrough:
+        return payload
+    return {**payload, "priority": -priority if model.priority_passthrough == "LowerFirst" else priority}
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None

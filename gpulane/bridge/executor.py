@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
@@ -27,6 +27,7 @@ from aiohttp import ClientSession, ClientTimeout
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.backends import NoBackend, lane_backend
+from gpulane.bridge.catalog import Catalog, with_priority
 from gpulane.bridge.jobs import outcome_patch
 from gpulane.bridge.results import ResultStore
 from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
@@ -53,8 +54,11 @@ class ManifestExecutor:
         backend_namespace: str | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         results: ResultStore | None = None,
+        *,
+        models: Callable[[], Awaitable[Catalog]],
     ) -> None:
         self.kube = kube
+        self.models = models  # the GpuModels as the bridge serves them: their priorityPassthrough
         self.backend_namespace = backend_namespace or kube.namespace  # where the operator's backend pods are
         self.namespaces = tuple(dict.fromkeys(namespaces))
         self.lease = lease  # our executor Lease, in the bridge's namespace
@@ -184,7 +188,11 @@ class ManifestExecutor:
         assert self.session is not None, "start() opens the session"
         if request.get("output") == "volume" and self.results is None:
             return outcome_patch(False, "output: volume, but this bridge has no results volume (--results-dir)")
-        async with self.session.post(base.rstrip("/") + request["path"], json=request.get("body") or {}) as resp:
+        body = request.get("body") or {}
+        served = (await self.models()).models.get(spec["model"])
+        if served is not None:  # the job's priority, not one its author wrote into the body (docs/models.md)
+            body = with_priority(body, served, int(spec.get("priority") or 0))
+        async with self.session.post(base.rstrip("/") + request["path"], json=body) as resp:
             if request.get("output") == "volume":
                 assert self.results is not None
                 try:

@@ -112,7 +112,7 @@ async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettin
     reloads = asyncio.create_task(keys.follow(args.keys_file, args.keys_reload_seconds))
     store = ResultStore(args.results_dir) if args.results_dir else None
     executor = ManifestExecutor(kube, queue.lease, settings.endpoints, args.execute_namespaces, args.backend_namespace,
-                                results=store)  # fmt: skip
+                                results=store, models=queue.models)  # fmt: skip
     executor.start()
     app = bridge.app()
     if store is not None:

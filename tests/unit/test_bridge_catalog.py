@@ -27,6 +27,28 @@ def test_a_gpumodel_gives_its_aliases_and_rewrites() -> None:
     assert ServedModel.of(body) == ServedModel("q", ("a", "b"), "served", "HigherFirst")
     broken = gpumodel("x", aliases="not a list")
     assert ServedModel.of(broken) == ServedModel("x"), "an invalid spec is served by its name alone"
+    # ... but keeps its passthrough (review M2: the spec failing open let a caller's priority through).
+    unchecked = gpumodel("v", aliases="not a list", priorityPassthrough="LowerFirst")
+    assert ServedModel.of(unchecked) == ServedModel("v", priority_passthrough="LowerFirst")
+    assert ServedModel.of(gpumodel("w", priorityPassthrough="Sideways")) == ServedModel("w")
+
+
+@pytest.mark.parametrize(
+    ("raw", "sent"),
+    [
+        (b'{"prompt": "x", "priority": -1000}', {"prompt": "x", "priority": -100}),
+        (b'{"prompt": "x"}', {"prompt": "x", "priority": -100}),
+        (b"not json", None),  # a form, bytes: passed as they are
+        (b"[1, 2]", None),
+    ],
+)
+def test_an_upstream_json_body_gets_the_effective_priority_too(raw: bytes, sent: object) -> None:
+    """Review M2: /upstream/<model>/v1/chat/completions reaches the same server; its body's own priority
+    must not jump the server's queue either."""
+    call = read_call("/upstream/vllm/v1/chat/completions", "application/json", raw, 1000, "POST")
+    body, target = outgoing(call, VLLM, 100)
+    assert target == "/v1/chat/completions"
+    assert (json.loads(body) if sent is not None else body) == (sent if sent is not None else raw)
 
 
 def test_names_resolve_to_their_model_and_a_models_own_name_wins_over_an_alias() -> None:

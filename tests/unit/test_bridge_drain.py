@@ -98,10 +98,14 @@ class PatchRecorder:
         return {}
 
 
+async def no_models() -> Catalog:
+    return Catalog.of(())
+
+
 def test_a_draining_executor_claims_nothing_and_gives_back_what_has_not_started() -> None:
     async def scenario() -> None:
         kube = PatchRecorder()
-        executor = ManifestExecutor(kube, "bridge-a", {}, ["team"])  # type: ignore[arg-type]
+        executor = ManifestExecutor(kube, "bridge-a", {}, ["team"], models=no_models)  # type: ignore[arg-type]
         ours = f"{kube.namespace}/bridge-a"
 
         def job(name: str, uid: str, phase: str, claimed: str | None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.backend_pods import pod_name
 from gpulane.api.contract import EXECUTOR_LEASE, LANE_LABEL, MODEL_LABEL
+from gpulane.bridge.catalog import Catalog, ServedModel
 from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY, ManifestExecutor
 from gpulane.bridge.results import ResultStore
 from gpulane.fakes.backend import fake_bytes
@@ -87,6 +88,16 @@ def running_job(name: str, uid: str, path: str = "/v1/answer", output: str | Non
     }  # fmt: skip
 
 
+PLAIN = Catalog.of({"m"})
+
+
+def catalog(models: Catalog) -> Callable[[], Awaitable[Catalog]]:
+    async def load() -> Catalog:
+        return models
+
+    return load
+
+
 def outcome(patch: list[Body]) -> dict[str, Any]:
     """The JSON patch's added fields as a dict: phase, reason, message, result."""
     return {op["path"].removeprefix("/status/"): op["value"] for op in patch if op["op"] != "test"}
@@ -117,18 +128,46 @@ async def execute(
     max_bytes: int = 900 * 1024,
     results: ResultStore | None = None,
     output: str | None = None,
+    models: Catalog = PLAIN,
+    body: Body | None = None,
+    job_priority: int = 0,
 ) -> None:
     """Runs each (name, uid) as a Running job claimed by this executor until its outcome is written."""
     async with backend(handler) as url:
         kube.serve(url)
-        ex = ManifestExecutor(kube, LEASE, {}, ["ns"], max_answer_bytes=max_bytes, results=results)  # type: ignore[arg-type]
+        ex = ManifestExecutor(kube, LEASE, {}, ["ns"], max_answer_bytes=max_bytes, results=results,  # type: ignore[arg-type]
+                              models=catalog(models))  # fmt: skip
         ex.session = ClientSession()
         try:
             for done, (name, uid) in enumerate(jobs, start=1):
-                ex._seen(running_job(name, uid, output=output))
+                job = running_job(name, uid, output=output)
+                job["spec"]["priority"] = job_priority
+                if body is not None:
+                    job["spec"]["request"]["body"] = body
+                ex._seen(job)
                 await until(functools.partial(lambda n: len(kube.outcomes) >= n, done), f"the outcome of {name}")
         finally:
             await ex.stop()
+
+
+@pytest.mark.parametrize(("passthrough", "sent"), [("LowerFirst", -50), ("HigherFirst", 50), (None, -999)])
+def test_a_kubectl_jobs_own_priority_in_its_body_never_reaches_a_passthrough_server(passthrough, sent):
+    """Review M2: the executor posts spec.request.body; with priorityPassthrough, the server gets the job's
+    priority (50) in its own sense, not the -999 the job's author wrote to jump vLLM's queue."""
+    received: list[Body] = []
+
+    async def record(request: web.Request) -> web.StreamResponse:
+        received.append(await request.json())
+        return web.json_response({"ok": True})
+
+    async def scenario() -> None:
+        kube = FakeKube()
+        models = Catalog([ServedModel("m", priority_passthrough=passthrough)])
+        await execute(record, kube, ("jumper", "uid-1"), models=models, body={"prompt": "hi", "priority": -999},
+                      job_priority=50)  # fmt: skip
+
+    asyncio.run(scenario())
+    assert received == [{"prompt": "hi", "priority": sent}]
 
 
 def test_a_large_answer_sent_in_many_chunks_is_stored_whole():
@@ -234,7 +273,7 @@ def test_a_late_running_event_of_a_finished_job_does_not_send_its_request_again(
         async with backend(ok) as url:
             kube = FakeKube()
             kube.serve(url)
-            ex = ManifestExecutor(kube, LEASE, {}, ["ns"])  # type: ignore[arg-type]
+            ex = ManifestExecutor(kube, LEASE, {}, ["ns"], models=catalog(PLAIN))  # type: ignore[arg-type]
             ex.session = ClientSession()
             job = running_job("once", "uid-1")
             ex._seen(job)
@@ -268,7 +307,7 @@ def test_the_executor_watches_only_the_namespaces_it_is_given(monkeypatch: pytes
 
     async def scenario(namespaces: list[str]) -> list[str | None]:
         watched.clear()
-        ex = ManifestExecutor(FakeKube(), LEASE, {}, namespaces)  # type: ignore[arg-type]
+        ex = ManifestExecutor(FakeKube(), LEASE, {}, namespaces, models=catalog(PLAIN))  # type: ignore[arg-type]
         ex.start()
         await until(lambda: len(watched) == len(set(namespaces)), "the watches started")
         await ex.stop()
@@ -304,7 +343,7 @@ def test_without_a_ready_pod_of_its_model_on_its_lane_the_call_is_not_sent(pod: 
                     kube.pods[f"{kube.namespace}/{pod_name(LANE)}"] = kube.pods.pop(
                         f"{kube.namespace}/{pod_name(pod['lane'])}"
                     )
-            ex = ManifestExecutor(kube, LEASE, {}, ["ns"])  # type: ignore[arg-type]
+            ex = ManifestExecutor(kube, LEASE, {}, ["ns"], models=catalog(PLAIN))  # type: ignore[arg-type]
             ex.session = ClientSession()
             ex._seen(running_job("lost", "uid-1"))
             await until(lambda: len(kube.outcomes) == 1, "the outcome")
@@ -324,7 +363,7 @@ def test_the_backend_pod_is_looked_up_in_the_backend_namespace():
         async with backend(ok) as url:
             kube.serve(url)
             kube.pods[f"backends/{pod_name(LANE)}"] = kube.pods.pop(f"{kube.namespace}/{pod_name(LANE)}")
-            ex = ManifestExecutor(kube, LEASE, {}, ["ns"], backend_namespace="backends")  # type: ignore[arg-type]
+            ex = ManifestExecutor(kube, LEASE, {}, ["ns"], backend_namespace="backends", models=catalog(PLAIN))  # type: ignore[arg-type]
             ex.session = ClientSession()
             ex._seen(running_job("elsewhere", "uid-1"))
             await until(lambda: len(kube.outcomes) == 1, "the outcome")
