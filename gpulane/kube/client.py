@@ -52,6 +52,7 @@ class Fenced(Exception):
 
 # A call that takes longer is abandoned (TimeoutError): the caller's retry sees fresh state.
 REQUEST_TIMEOUT = 10.0
+LIST_PAGE = 500  # objects per page of a list
 
 
 def backoff(
@@ -163,9 +164,16 @@ class Kube:
     # -- reads ----------------------------------------------------------------------------------
 
     async def list_cluster(self, plural: str) -> list[Body]:
-        result = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural)
-        items: list[Body] = result.get("items", [])
-        return items
+        """Every object of ``plural``, ``LIST_PAGE`` at a time: each page gets the request timeout, so that
+        100,000 finished jobs with their stories never make one call that cannot end in time."""
+        items: list[Body] = []
+        page: dict[str, Any] = {"limit": LIST_PAGE}
+        while True:
+            result = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural, **page)
+            items += result.get("items", [])
+            page["_continue"] = (result.get("metadata") or {}).get("continue")
+            if not page["_continue"]:
+                return items
 
     async def list_jobs(self) -> list[Body]:
         return await self.list_cluster("gpujobs")  # all namespaces

@@ -7,8 +7,11 @@ renew deadline and retry period). Two things it does not do are added here:
   no timeout, so a paused or partitioned leader could go on writing. Every write of this replica is
   therefore checked against a ``Fence``: writes are allowed only until ``renew deadline`` after the
   start of the last renewal that succeeded, and each write times out after ``lease duration - renew
-  deadline``. A write sent before the fence closes has ended before any other replica may take the
-  Lease (which needs ``lease duration`` without a renewal), on any clock that runs at the same rate.
+  deadline``. So this replica has given up on every write before another may take the Lease (which
+  needs ``lease duration`` without a renewal), on any clock that runs at the same rate. Giving up is the
+  client's side only: the apiserver may still commit a write whose client timed out. What makes such a
+  late write harmless is elsewhere: a backend pod's name is the lane's (a second pod of it cannot exist),
+  and job status writes after dispatch are JSON patches that ``test`` the phase they expect.
 - **Bounded calls that fail as failures.** The lock's reads and writes time out after the retry period,
   and any error of theirs (a refused connection while the apiserver restarts, a timeout) is a failed
   attempt. The library catches only ``ApiException``: anything else ended its task without calling

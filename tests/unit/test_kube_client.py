@@ -98,3 +98,28 @@ def test_the_session_ignores_netrc_and_proxy_variables(tmp_path: Any, monkeypatc
             await api.close()
 
     assert asyncio.run(go()) is False
+
+
+def test_a_list_comes_in_pages_each_with_the_request_timeout():
+    """Review L8: the rebuild lists every GpuJob; one unpaginated call under a 10 s timeout could never end
+    in time with tens of thousands of finished jobs."""
+    pages = {None: (["a", "b"], "t1"), "t1": (["c"], "t2"), "t2": ([], None)}
+    calls: list[dict[str, Any]] = []
+
+    async def list_cluster_custom_object(group: str, version: str, plural: str, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        names, token = pages[kwargs.get("_continue")]
+        return {"items": [{"metadata": {"name": n}} for n in names], "metadata": {"continue": token}}
+
+    async def go() -> list[Any]:
+        kube = Kube(client.ApiClient(), "ns")
+        kube.custom.list_cluster_custom_object = list_cluster_custom_object  # type: ignore[method-assign]
+        try:
+            return await kube.list_cluster("gpujobs")
+        finally:
+            await kube.close()
+
+    listed = asyncio.run(go())
+    assert [o["metadata"]["name"] for o in listed] == ["a", "b", "c"]
+    assert [c.get("_continue") for c in calls] == [None, "t1", "t2"]
+    assert {c["limit"] for c in calls} == {500} and all(c["_request_timeout"] == 10.0 for c in calls)
