@@ -23,6 +23,9 @@ EXECUTOR_SELECTOR = f"{EXECUTOR_LABEL}=true"
 
 # On the bridge's GpuJobs: which replica proxies the call, and which API key made it.
 REPLICA_LABEL = "gpulane.io/bridge-replica"
+# The audience of the tokens the bridge takes (``kubectl create token NAME --audience gpulane-bridge``): a token
+# bound to it is no key to the apiserver, so a caller who sends one to the bridge gives nothing else away.
+BRIDGE_AUDIENCE = "gpulane-bridge"
 API_KEY_LABEL = "gpulane.io/api-key"
 
 # Set by the webhook when it capped a priority: what the caller asked for.

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from kubernetes.aio.client.exceptions import ApiException
 
-from gpulane.api.contract import Body
+from gpulane.api.contract import BRIDGE_AUDIENCE, Body
 from gpulane.kube.client import Gone, Kube
 
 log = logging.getLogger(__name__)
@@ -103,9 +103,10 @@ class ResultReader:
         auth = request.headers.get("Authorization", "")
         if not auth.startswith("Bearer ") or not auth[7:].strip():
             return _error(401, "a Kubernetes bearer token is needed (Authorization: Bearer TOKEN)")
-        who = await self.kube.authenticate(auth[7:].strip())
+        who = await self.kube.authenticate(auth[7:].strip(), BRIDGE_AUDIENCE)
         if who is None:
-            return _error(401, "the token was not accepted by the apiserver")
+            return _error(401, f"the token was not accepted: it must be one for audience {BRIDGE_AUDIENCE} "
+                          f"(kubectl create token NAME --audience {BRIDGE_AUDIENCE})")  # fmt: skip
         user, groups = who
         if not await self.kube.may_get_job(user, groups, namespace, name):
             return _error(403, f"{user} may not get GpuJob {namespace}/{name}")

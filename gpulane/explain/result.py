@@ -1,7 +1,11 @@
 """``gpulane result JOB``: the answer of a job the bridge executed (``spec.request``). A ConfigMap answer is
 read with the caller's own kubeconfig; an answer on the results volume (``output: volume``) is streamed from
 the bridge's ``/results`` endpoint with a Kubernetes bearer token, which the bridge checks may get the job,
-and its size and SHA-256 are checked against the job's status."""
+and its size and SHA-256 are checked against the job's status.
+
+The token is never the kubeconfig's own (possibly an admin's, valid at the apiserver): it is one given for
+the bridge, bound to its audience, and it goes over plain http:// only when the user says so (``--insecure``),
+as the bridge itself serves no TLS (put an Ingress or a mesh with TLS in front of it)."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from typing import BinaryIO
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpulane.api.contract import Body
+from gpulane.api.contract import BRIDGE_AUDIENCE, Body
 from gpulane.api.resources import GROUP, VERSION
 from gpulane.explain.main import _kubeconfig, load
 
@@ -36,8 +40,10 @@ def result_arguments(r: argparse.ArgumentParser) -> None:
                    help="the bridge's URL (http://HOST:8090), for answers on the results volume "
                    "(default: $GPULANE_BRIDGE_URL)")  # fmt: skip
     r.add_argument("--token", default=os.environ.get("GPULANE_TOKEN"),
-                   help="a Kubernetes bearer token of someone who may get the job (default: $GPULANE_TOKEN, "
-                   "then the kubeconfig's; `kubectl create token NAME` makes one)")  # fmt: skip
+                   help="a token of someone who may get the job, for the bridge's audience: "
+                   f"`kubectl create token NAME --audience {BRIDGE_AUDIENCE}` (default: $GPULANE_TOKEN)")  # fmt: skip
+    r.add_argument("--insecure", action="store_true",
+                   help="send the token to an http:// bridge (plain text: anyone on the path can read it)")  # fmt: skip
     _kubeconfig(r)
 
 
@@ -105,9 +111,13 @@ def from_config_map(api: client.ApiClient, namespace: str, result: Body) -> byte
 def fetch(args: argparse.Namespace, namespace: str, name: str, volume: Body, out: BinaryIO) -> None:
     if not args.bridge:
         raise Failed("the answer is on the bridge's results volume: give --bridge URL (or $GPULANE_BRIDGE_URL)")
-    token = args.token or bearer()
-    if not token:
-        raise Failed("the bridge needs a bearer token: give --token (`kubectl create token NAME`) or $GPULANE_TOKEN")
+    if not args.token:
+        raise Failed(f"the bridge needs a token: give --token (`kubectl create token NAME --audience "
+                     f"{BRIDGE_AUDIENCE}`) or $GPULANE_TOKEN")  # fmt: skip
+    if args.bridge.lower().startswith("http://") and not args.insecure:
+        raise Failed(f"{args.bridge} is plain http: the token would cross the network readable; use https://, "
+                     "or --insecure to send it anyway")  # fmt: skip
+    token = args.token
     url = f"{args.bridge.rstrip('/')}/results/{namespace}/{name}"
     digest, size = hashlib.sha256(), 0
     try:
@@ -133,13 +143,3 @@ def fetch(args: argparse.Namespace, namespace: str, name: str, volume: Body, out
         raise Failed(f"the answer read ({size} bytes, sha256 {digest.hexdigest()}) is not the one the job recorded "
                      f"({volume.get('bytes')} bytes, sha256 {volume.get('sha256')})")  # fmt: skip
     print(f"{namespace}/{name}: {size} bytes, sha256 {digest.hexdigest()} (as recorded)", file=sys.stderr)
-
-
-def bearer() -> str | None:
-    """The kubeconfig's bearer token, if its user has one (client certificates give none, nor does a user
-    and password). The kubernetes client keeps it under ``BearerToken`` as ``Bearer TOKEN`` (older ones
-    under ``authorization``); reading it through the client refreshes an exec plugin's expired token."""
-    value = client.Configuration.get_default_copy().get_api_key_with_prefix("BearerToken", alias="authorization")
-    if not value or not value.startswith("Bearer "):
-        return None
-    return value.removeprefix("Bearer ").strip() or None

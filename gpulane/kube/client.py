@@ -212,12 +212,14 @@ class Kube:
         result = await self._call(self.core.list_namespaced_pod, self.namespace, label_selector=selector)
         return [self._plain(p) for p in result.items]
 
-    async def authenticate(self, token: str) -> tuple[str, list[str]] | None:
-        """Who holds a bearer token (a TokenReview): (user, groups), or None if the apiserver refuses it."""
-        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
+    async def authenticate(self, token: str, audience: str) -> tuple[str, list[str]] | None:
+        """Who holds a bearer token bound to ``audience`` (a TokenReview): (user, groups), or None if the
+        apiserver refuses it, or it is not a token for ``audience``."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                  "spec": {"token": token, "audiences": [audience]}}  # fmt: skip
         result = await self._call(client.AuthenticationV1Api(self.api).create_token_review, review)
         status = result.status
-        if not status or not status.authenticated or not status.user:
+        if not status or not status.authenticated or not status.user or audience not in (status.audiences or []):
             return None
         return str(status.user.username), list(status.user.groups or [])
 

@@ -270,19 +270,24 @@ def test_the_chart_installs_gpulane_on_the_real_node(
                         f"--serviceaccount={namespace}:reader")  # fmt: skip
         bridge_url = f"http://{service.spec.cluster_ip}:8090"
 
-        def result(account: str, out: Path) -> subprocess.CompletedProcess[str]:
-            token = cluster.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+        def result(account: str, out: Path, *audience: str) -> subprocess.CompletedProcess[str]:
+            token = cluster.kubectl("create", "token", account, "-n", namespace, *audience).stdout.strip()
             return subprocess.run(
                 [str(REPO / ".venv" / "bin" / "gpulane"), "result", "video", "-n", namespace, "--bridge", bridge_url,
-                 "--token", token, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)],
+                 "--insecure", "--token", token, "-o", str(out), "--kubeconfig", str(cluster.kubeconfig)],
                 capture_output=True, text=True, timeout=120, check=False,
             )  # fmt: skip
 
-        read = result("reader", tmp_path / "video.out")
+        for_the_bridge = ("--audience", "gpulane-bridge")
+        read = result("reader", tmp_path / "video.out", *for_the_bridge)
         assert read.returncode == 0 and "(as recorded)" in read.stderr, read.stderr
         assert hashlib.sha256((tmp_path / "video.out").read_bytes()).hexdigest() == expected
-        denied = result("stranger", tmp_path / "denied.out")
+        denied = result("stranger", tmp_path / "denied.out", *for_the_bridge)
         assert denied.returncode == 1 and "the bridge answered 403" in denied.stderr, denied.stderr
+        # A token for the apiserver (the default audience) is no key to the bridge (review M7).
+        apiserver_token = result("reader", tmp_path / "apiserver.out")
+        assert apiserver_token.returncode == 1 and "the bridge answered 401" in apiserver_token.stderr
+        assert "audience gpulane-bridge" in apiserver_token.stderr, apiserver_token.stderr
         # Deleting the job removes its answer, as a ConfigMap goes with its owner.
         cluster.kubectl("delete", "gpujob", "video", "-n", namespace, "--wait=true")
         wait_until(lambda: not on_disk.exists(), timeout=30, what="the answer's file removed with its job")

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpulane.api.contract import BRIDGE_AUDIENCE
 from gpulane.bridge.results import ResultReader, ResultStore
 from gpulane.kube.client import Gone
 
@@ -21,8 +22,10 @@ class FakeKube:
     def __init__(self, jobs: dict[str, dict[str, Any]]) -> None:
         self.jobs = jobs
         self.reviews: list[tuple[str, str, str]] = []
+        self.audiences: list[str] = []  # asked of each TokenReview
 
-    async def authenticate(self, token: str) -> tuple[str, list[str]] | None:
+    async def authenticate(self, token: str, audience: str) -> tuple[str, list[str]] | None:
+        self.audiences.append(audience)
         return TOKENS.get(token)
 
     async def may_get_job(self, user: str, groups: list[str], namespace: str, name: str) -> bool:
@@ -80,3 +83,4 @@ def test_only_who_may_get_the_job_reads_its_answer(
     asyncio.run(scenario())
     if token in TOKENS:
         assert kube.reviews[0][0] == TOKENS[token][0], "the access review names the token's holder"
+    assert set(kube.audiences) <= {BRIDGE_AUDIENCE}, "a token must be one for the bridge (review M7)"

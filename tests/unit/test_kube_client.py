@@ -123,3 +123,31 @@ def test_a_list_comes_in_pages_each_with_the_request_timeout():
     assert [o["metadata"]["name"] for o in listed] == ["a", "b", "c"]
     assert [c.get("_continue") for c in calls] == [None, "t1", "t2"]
     assert {c["limit"] for c in calls} == {500} and all(c["_request_timeout"] == 10.0 for c in calls)
+
+
+@pytest.mark.parametrize(
+    ("audiences", "who"),
+    [(["gpulane-bridge"], ("alice", ["team-a"])), ([], None), (None, None), (["https://kubernetes.default.svc"], None)],
+)
+def test_a_token_counts_only_for_the_audience_asked(monkeypatch: pytest.MonkeyPatch, audiences: Any, who: Any):
+    """Review M7: the bridge asks for its own audience, and takes a token only if the apiserver says it is one."""
+    asked: list[Any] = []
+
+    async def create_token_review(self: Any, review: Any, **kwargs: Any) -> Any:
+        asked.append(review["spec"])
+        user = client.V1UserInfo(username="alice", groups=["team-a"])
+        return client.V1TokenReview(spec=client.V1TokenReviewSpec(token="tok"),
+                                    status=client.V1TokenReviewStatus(authenticated=True, user=user,
+                                                                      audiences=audiences))  # fmt: skip
+
+    monkeypatch.setattr(client.AuthenticationV1Api, "create_token_review", create_token_review)
+
+    async def go() -> Any:
+        kube = Kube(client.ApiClient(), "ns")
+        try:
+            return await kube.authenticate("tok", "gpulane-bridge")
+        finally:
+            await kube.close()
+
+    assert asyncio.run(go()) == who
+    assert asked == [{"token": "tok", "audiences": ["gpulane-bridge"]}]

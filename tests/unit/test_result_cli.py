@@ -20,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes import client
 
+from gpulane.api.contract import BRIDGE_AUDIENCE
 from gpulane.api.resources import GROUP, VERSION
 from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY
 from gpulane.bridge.results import ResultReader, ResultStore
@@ -72,7 +73,8 @@ class BridgeKube:
         self.jobs = jobs
         self.tokens: list[str] = []
 
-    async def authenticate(self, token: str) -> tuple[str, list[str]] | None:
+    async def authenticate(self, token: str, audience: str) -> tuple[str, list[str]] | None:
+        assert audience == BRIDGE_AUDIENCE
         self.tokens.append(token)
         return TOKENS.get(token)
 
@@ -97,6 +99,7 @@ class World:
         self.out.mkdir()
         self.kubeconfig_token: str | None = "kube-token"
         self.bridge_app: web.Application | None = None  # else the real ResultReader
+        self.insecure = True  # the test bridge is plain http: say so, as a user must
 
     def job(self, name: str, status: dict[str, Any] | None) -> None:
         body: dict[str, Any] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GpuJob",
@@ -150,7 +153,7 @@ class World:
                 url = f"http://{bridge.host}:{bridge.port}"
                 for var, value in (env or {}).items():
                     self.monkeypatch.setenv(var, value.format(bridge=url))
-                argv = ["result", *(a.format(bridge=url) for a in args)]
+                argv = ["result", *(a.format(bridge=url) for a in args), *(["--insecure"] if self.insecure else [])]
                 return await asyncio.to_thread(main, [*argv, "--kubeconfig", str(kubeconfig)])
 
         return asyncio.run(scenario())
@@ -281,13 +284,25 @@ def test_the_bridge_and_token_may_come_from_the_environment(world: World, capfd:
     assert capfd.readouterr().err.endswith("(as recorded)\n")
 
 
-def test_the_kubeconfig_token_is_used_when_none_is_given(world: World, capfd: pytest.CaptureFixture[str]):
+def test_the_kubeconfig_token_never_goes_to_the_bridge(world: World, capfd: pytest.CaptureFixture[str]):
+    """Review M7: the kubeconfig's token (an admin's, say) is valid at the apiserver; it is never sent."""
     world.volume_job()
     assert world.kubeconfig_token == "kube-token"
-    assert world.result(f"{NS}/film", "-o", str(world.out / "film.mp3"), "--bridge", "{bridge}") == 0
-    assert world.bridge_kube.tokens == ["kube-token"]
-    assert (world.out / "film.mp3").read_bytes() == ANSWER
-    assert capfd.readouterr().err.endswith("(as recorded)\n")
+    assert world.result(f"{NS}/film", "-o", str(world.out / "film.mp3"), "--bridge", "{bridge}") == 1
+    assert capfd.readouterr().err == (
+        "error: the bridge needs a token: give --token (`kubectl create token NAME --audience gpulane-bridge`)"
+        " or $GPULANE_TOKEN\n"
+    )
+    assert world.bridge_kube.tokens == [] and world.files() == []
+
+
+def test_a_token_goes_over_plain_http_only_when_the_user_says_so(world: World, capfd: pytest.CaptureFixture[str]):
+    world.volume_job()
+    world.insecure = False
+    assert world.result(f"{NS}/film", "--bridge", "{bridge}", "--token", "reader-token") == 1
+    err = capfd.readouterr().err
+    assert err.startswith("error: http://127.0.0.1:") and "is plain http" in err and "--insecure" in err, err
+    assert world.bridge_kube.tokens == [], "nothing was sent"
 
 
 def test_a_volume_answer_needs_the_bridges_url(world: World, capfd: pytest.CaptureFixture[str]):
@@ -303,9 +318,7 @@ def test_a_volume_answer_needs_a_token_when_the_kubeconfig_has_none(world: World
     world.volume_job()
     world.kubeconfig_token = None  # a user with a client certificate, say
     assert world.result(f"{NS}/film", "-o", str(world.out / "film.mp3"), "--bridge", "{bridge}") == 1
-    assert capfd.readouterr().err == (
-        "error: the bridge needs a bearer token: give --token (`kubectl create token NAME`) or $GPULANE_TOKEN\n"
-    )
+    assert capfd.readouterr().err.startswith("error: the bridge needs a token: give --token")
     assert world.files() == []
     assert world.bridge_kube.tokens == [], "nothing was sent without a token"
 
@@ -348,7 +361,7 @@ def test_a_mismatch_on_standard_output_still_fails(world: World, capfdbinary: py
     ("token", "code", "says"),
     [
         ("stranger-token", 403, "stranger may not get GpuJob team-a/film"),
-        ("forged-token", 401, "the token was not accepted by the apiserver"),
+        ("forged-token", 401, "the token was not accepted: it must be one for audience gpulane-bridge"),
     ],
 )
 def test_a_caller_the_bridge_refuses_gets_its_reason(
