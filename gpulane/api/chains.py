@@ -111,6 +111,8 @@ class GpuChainStatus(CamelModel):
     completed: int | None = None
     # The steps that succeeded, as ranges ("0-36,38"): never made again, whatever became of their jobs.
     succeeded_steps: str | None = Field(default=None, max_length=100_000)
+    # The steps that failed with no attempt left, likewise: a failed chain stays failed when their jobs go.
+    failed_steps: str | None = Field(default=None, max_length=100_000)
     failed: int | None = None
     retried: int | None = None
     current: ChainStep | None = None

@@ -39,6 +39,7 @@ class StepJob:
     finished_at: float | None = None
     position: int | None = None
     estimated_start: float | None = None
+    reason: str | None = None  # its job's, once it ended
 
     @property
     def ended(self) -> bool:
@@ -50,6 +51,7 @@ class ChainPlan:
     create: tuple[tuple[int, int], ...]  # (index, attempt) of the steps to create now
     phase: ChainPhase
     succeeded: frozenset[int]  # the steps that succeeded: kept on the chain, as their jobs may go
+    gave_up: frozenset[int]  # the steps that failed with no attempt left: kept on the chain too
     completed: int  # steps that succeeded
     failed: int  # steps that failed with no attempt left
     retried: int  # attempts that failed and were tried again
@@ -58,12 +60,16 @@ class ChainPlan:
     message: str
 
 
-def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iterable[int] = ()) -> ChainPlan:
+def plan(
+    rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iterable[int] = (), gave_up: Iterable[int] = ()
+) -> ChainPlan:
     """What to create now, and the chain's status. Steps are created in order, at most ``in_flight`` at a
     time: a step ends, the next is created. A step that failed (or was cancelled) is created again, as
-    its next attempt, while it has attempts left. ``succeeded`` are the steps the chain's status says
-    succeeded: they are never made again, whatever became of their jobs (deleted after their TTL, or by
-    hand). Any other step whose job is gone is created again from scratch."""
+    its next attempt, while it has attempts left; one refused for its namespace's full queue
+    (``NamespaceQueueFull``) is not: another attempt now would meet the same queue. ``succeeded`` and
+    ``gave_up`` are the steps the chain's status says succeeded, or failed with no attempt left: they are
+    never made again, whatever became of their jobs (deleted after their TTL, or by hand), so a chain that
+    failed stays failed. Any other step whose job is gone is created again from scratch."""
     jobs = list(jobs)
     latest = _latest(jobs, rules.total)
     gpu = sum(max(0.0, (j.finished_at if j.finished_at is not None else now) - j.started_at)
@@ -72,17 +78,23 @@ def plan(rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iter
     done = {i for i, j in latest.items() if j.phase == "Succeeded"}
     done |= {i for i in succeeded if 0 <= i < rules.total}
     lost = sorted(i for i, j in latest.items() if j.phase in ("Failed", "Cancelled") and i not in done)
-    failed = [i for i in lost if latest[i].attempt >= rules.retries]
-    again = [(i, latest[i].attempt + 1) for i in lost if latest[i].attempt < rules.retries]
+    final = {i for i in lost if latest[i].attempt >= rules.retries or latest[i].reason == "NamespaceQueueFull"}
+    failed = sorted(final | ({i for i in gave_up if 0 <= i < rules.total} - done))
+    again = [(i, latest[i].attempt + 1) for i in lost if i not in final]
     active = [j for j in latest.values() if not j.ended and j.index not in done]
     waiting = sorted(active, key=lambda j: j.index)
     current = waiting[0] if waiting else None
-    status = _Status(frozenset(done), len(failed), retried, current, gpu)
+    status = _Status(frozenset(done), frozenset(failed), retried, current, gpu)
     if len(done) == rules.total:
         return status.plan((), "Succeeded", f"all {rules.total} steps succeeded")
     if failed:
         step = failed[0]
-        why = f"step {step} failed after {latest[step].attempt + 1} attempt(s): {latest[step].name}"
+        if step not in latest:
+            why = f"step {step} failed with no attempt left (its jobs are gone)"
+        elif latest[step].reason == "NamespaceQueueFull":
+            why = f"step {step} was refused, its namespace's queue full (NamespaceQueueFull): {latest[step].name}"
+        else:
+            why = f"step {step} failed after {latest[step].attempt + 1} attempt(s): {latest[step].name}"
         if rules.exhausted == "Fail":
             return status.plan((), "Failed", why)
         return status.plan((), "Paused", f"{why}; no new step until the chain is changed")
@@ -106,14 +118,14 @@ def _latest(jobs: Iterable[StepJob], total: int) -> dict[int, StepJob]:
 @dataclass(frozen=True, slots=True)
 class _Status:
     succeeded: frozenset[int]
-    failed: int
+    gave_up: frozenset[int]
     retried: int
     current: StepJob | None
     gpu_seconds: float
 
     def plan(self, create: tuple[tuple[int, int], ...], phase: ChainPhase, message: str) -> ChainPlan:
-        return ChainPlan(create, phase, self.succeeded, len(self.succeeded), self.failed, self.retried,
-                         self.current, self.gpu_seconds, message)  # fmt: skip
+        return ChainPlan(create, phase, self.succeeded, self.gave_up, len(self.succeeded), len(self.gave_up),
+                         self.retried, self.current, self.gpu_seconds, message)  # fmt: skip
 
 
 def estimated_completion(

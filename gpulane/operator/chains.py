@@ -56,6 +56,7 @@ def step_of(body: Body) -> tuple[Key, StepJob] | None:
         finished_at=parse_time(status.get("finishedAt")),
         position=status.get("position"),
         estimated_start=parse_time(status.get("estimatedStart")),
+        reason=status.get("reason"),
     )
     return (meta["namespace"], chain), step
 
@@ -136,9 +137,15 @@ class Chains:
                 return
             rules, now = rules_of(spec), self.clock()
             steps = self.steps.setdefault(key, {})
-            before = chain.get("status") or {}
+            # What we wrote last is newer than the chain's status as its last event showed it (a step's
+            # deletion can come before our write's own event): the steps that ended for good must hold.
+            before = {**(chain.get("status") or {}), **self._written.get(key, {})}
             succeeded = parse_steps(before.get("succeededSteps"), rules.total)
-            decided = plan(rules, steps.values(), now, succeeded)
+            # Steps that failed for good stay so while the chain is as it was; a change of its spec (more
+            # retries, say) is the user's go-ahead to try them again.
+            unchanged = before.get("observedGeneration") == chain["metadata"].get("generation")
+            gave_up = parse_steps(before.get("failedSteps"), rules.total) if unchanged else frozenset()
+            decided = plan(rules, steps.values(), now, succeeded, gave_up)
             for index, attempt in decided.create:
                 manifest = step_manifest(chain, spec, index, attempt)
                 name = manifest["metadata"]["name"]
@@ -151,7 +158,7 @@ class Chains:
                     await self._write_status(key, chain, {"message": f"creating step {index} failed: {err}"[:1024]})
                     return
                 steps.setdefault(name, StepJob(index, attempt, name))
-                decided = plan(rules, steps.values(), now, succeeded)
+                decided = plan(rules, steps.values(), now, succeeded, gave_up)
             step_seconds = spec.expected_run_seconds or self.run_seconds(spec.model)
             eta = estimated_completion(rules, decided, steps.values(), step_seconds, now)
             current = decided.current
@@ -165,6 +172,7 @@ class Chains:
                 total=rules.total,
                 completed=decided.completed,
                 succeeded_steps=format_steps(decided.succeeded) or None,
+                failed_steps=format_steps(decided.gave_up) or None,
                 failed=decided.failed,
                 retried=decided.retried,
                 current=step,
@@ -173,8 +181,8 @@ class Chains:
                 estimated_completion=None if eta is None else format_time(round(eta)),  # no churn in ms
                 message=decided.message,
             ).model_dump(by_alias=True, exclude_none=True)
-            if status.get("current") is None:
-                status["current"] = None  # a merge patch removes the one written before
+            for field in ("current", "failedSteps"):
+                status.setdefault(field, None)  # a merge patch removes the one written before
             cond = condition("Progressing", decided.phase == "Running", decided.phase, decided.message, now,
                              chain["metadata"].get("generation"))  # fmt: skip
             status["conditions"] = merge_condition(before.get("conditions"), cond)

@@ -65,6 +65,28 @@ def test_a_failed_step_is_retried_then_fails_or_pauses_the_chain() -> None:
     assert paused.phase == "Paused" and paused.create == ()
 
 
+def test_a_chain_that_failed_stays_failed_when_its_steps_jobs_are_deleted() -> None:
+    """Review M5: the TTL deletes failed steps' jobs; rebuilt from the jobs alone, the chain came back to
+    Running with a fresh retry budget, an endless create-and-fail loop with a small TTL."""
+    rules = ChainRules(total=3, retries=1)
+    out = plan(rules, [job(0, "Failed"), job(0, "Failed", attempt=1)], 0)
+    assert out.phase == "Failed" and out.gave_up == {0}
+    after_ttl = plan(rules, [], 10, succeeded=out.succeeded, gave_up=out.gave_up)
+    assert (after_ttl.phase, after_ttl.create, after_ttl.failed) == ("Failed", (), 1)
+    assert "step 0 failed with no attempt left (its jobs are gone)" in after_ttl.message
+    paused = plan(ChainRules(total=3, exhausted="Pause"), [], 10, gave_up={0})
+    assert (paused.phase, paused.create) == ("Paused", ())
+
+
+def test_a_step_refused_for_a_full_namespace_queue_spends_no_retries() -> None:
+    """Review M5: NamespaceQueueFull fails a step at once; retrying it at once meets the same full queue,
+    and with in-flight 64 and retries 100 made thousands of failed jobs in seconds."""
+    full = StepJob(0, 0, step_name("film", 0, 0), "Failed", reason="NamespaceQueueFull")
+    decided = plan(ChainRules(total=3, retries=100, exhausted="Pause"), [full], 0)
+    assert (decided.phase, decided.create, decided.gave_up) == ("Paused", (), {0})
+    assert "NamespaceQueueFull" in decided.message
+
+
 def test_a_cancelled_step_counts_as_failed_and_a_deleted_one_is_made_again() -> None:
     assert plan(ChainRules(total=2, retries=1), [job(0, "Cancelled")], 0).create == ((0, 1),)
     assert plan(ChainRules(total=2), [job(1, "Succeeded")], 0).create == ((0, 0),), "step 0's job is gone"

@@ -90,3 +90,33 @@ def test_a_chain_deleted_forgets_its_steps_and_a_status_write_is_no_reason_to_re
         assert ("team-a", "film") not in w.chains.chains and ("team-a", "film") not in w.chains.steps
 
     asyncio.run(scenario())
+
+
+def test_a_chain_that_failed_stays_failed_after_its_steps_jobs_are_deleted() -> None:
+    """Review M5: the failed step's job goes (its TTL); the chain neither comes back to Running nor makes the
+    step again. A change of its spec is the go-ahead to try again."""
+
+    async def scenario() -> None:
+        w = World()
+        w.chains.chain_event("ADDED", w.chain(count=2))
+        await w.settle()
+        w.chains.job_event("ADDED", w.kube.job("film-0"))
+        w.chains.job_event("MODIFIED", w.step_ends("film-0", "Failed"))
+        await w.settle()
+        assert (w.status()["phase"], w.status()["failedSteps"]) == ("Failed", "0")
+        w.chains.job_event("DELETED", w.kube.job("film-0"))  # the TTL
+        await w.settle()
+        assert w.status()["phase"] == "Failed", w.status()
+        assert "its jobs are gone" in w.status()["message"]
+        assert [c.target for c in w.kube.calls_of("create_job")] == [f"gpujobs/{NS}/film-0"], "never made again"
+
+        # The user raises the retries: a new generation, and the step is tried afresh.
+        chain = w.kube.get(f"gpuchains/{NS}/film")
+        chain["spec"]["onFailure"] = {"retries": 1}
+        chain["metadata"]["generation"] = 2
+        w.chains.chain_event("MODIFIED", w.kube.put("gpuchains", chain))
+        await w.settle()
+        assert w.status()["phase"] == "Running" and "failedSteps" not in w.status(), w.status()
+        assert len(w.kube.calls_of("create_job")) == 2
+
+    asyncio.run(scenario())
