@@ -247,8 +247,7 @@ class Chaos:
         while not self.stop.is_set():
             try:
                 priority = {"X-LlamaSwap-Priority": str(self.rng.choice([0, 50, 100]))}
-                api.chat.completions.create(model=self.real_model, messages=[{"role": "user", "content": "x"}],
-                                            extra_headers=priority)  # fmt: skip
+                self.call_once(api, priority)
                 self.counts["bridge ok"] += 1
             except openai.APIStatusError as err:
                 self.counts[f"bridge {err.status_code}"] += 1
@@ -261,6 +260,20 @@ class Chaos:
                 self.counts["bridge dropped" if connected else "bridge unreachable"] += 1
                 self.went_wrong.append((time.time(), "bridge", "failed" if connected else "refused"))
                 time.sleep(0.5)
+
+    def call_once(self, api: openai.OpenAI, headers: dict[str, str]) -> None:
+        """One call, connected again once if its connection found nobody: a killed bridge pod's address stays
+        in kube-proxy's rules for a moment after the pod is gone, and a client tries a new connection (the
+        OpenAI clients do, with their default max_retries of 2). Everything else counts at the first try."""
+        messages: list[Any] = [{"role": "user", "content": "x"}]
+        try:
+            api.chat.completions.create(model=self.real_model, messages=messages, extra_headers=headers)
+        except openai.APIConnectionError as err:
+            if not isinstance(err.__cause__, httpx2.ConnectError | httpx2.ConnectTimeout):
+                raise
+            self.counts["bridge connected again"] += 1
+            time.sleep(0.2)
+            api.chat.completions.create(model=self.real_model, messages=messages, extra_headers=headers)
 
     def drained(self) -> bool:
         with self.record.lock:

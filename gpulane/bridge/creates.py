@@ -17,7 +17,7 @@ from aiohttp import ClientError
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import Body
-from gpulane.kube.client import Conflict, Kube, why
+from gpulane.kube.client import Conflict, Kube, refusal_message, why
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +28,18 @@ FIRST_PAUSE, LONGEST_PAUSE = 0.1, 2.0
 Waiting = Callable[[str, str], Awaitable[None]]
 
 
+# An admission policy the apiserver could not set up: its verdict is no verdict on the job. Seen for up to 30 s
+# after an apiserver restart, until it finds the GpuPolicy CRD its policies take as their parameter.
+UNCONFIGURED_POLICY = "failed to configure policy"
+
+
 def transient(err: BaseException) -> bool:
     """The cluster cannot take the job now but may in a moment: the apiserver unreachable or too slow, busy
-    (429), or failing (5xx: a webhook it cannot call, "no endpoints available", storage initializing)."""
+    (429), failing (5xx: a webhook it cannot call, "no endpoints available", storage initializing), or not
+    yet able to run its admission policies."""
     if isinstance(err, ApiException):
+        if err.status == 403:
+            return UNCONFIGURED_POLICY in refusal_message(err)
         return err.status is not None and (err.status == 429 or err.status >= 500)
     return isinstance(err, OSError | TimeoutError | ClientError)
 

@@ -1,7 +1,7 @@
-"""The chaos run (bench/chaos.py) for one round: the chart on the real node, one fault of every kind
-(the leader killed with a standby running, the webhook, bridge and backend pods killed, kube-apiserver
-and etcd restarted, the webhook away, the kubelet and containerd restarted on gpu-0), and its independent
-checker's verdict. The ten-minute run stays in the benchmarks (`make bench-chaos`, docs/reliability.md).
+"""The chaos run (bench/chaos.py) for one round: the chart with its defaults on the real node, one fault of
+every kind that applies (the leader killed with a standby running, the bridge and backend pods killed,
+kube-apiserver and etcd restarted, the kubelet and containerd restarted on gpu-0; the webhook's faults when
+the chart runs one), its independent checker's verdict, and what the callers met under each fault. The ten-minute run stays in the benchmarks (`make bench-chaos`, docs/reliability.md).
 
 It installs the chart, whose operator acts on every lane, so the session's operator steps aside. It runs
 after the other tests (``last``; before the ones that stop the cluster in test_host_given_back.py): it
@@ -45,8 +45,19 @@ def test_a_round_of_chaos_breaks_no_promise(cluster: Cluster, no_operator: None)
     assert report, f"no report (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     assert report["promises_kept"], json.dumps(report, indent=1)
     assert proc.returncode == 0
-    assert set(report["faults"]) == {"leader", "webhook-pod", "bridge-pod", "backend-pod", "apiserver", "etcd",
-                                     "webhook-outage", "kubelet", "containerd"}, report["faults"]  # fmt: skip
-    assert report["jobs"] >= 60 and report["arrivals"].get("bridge ok", 0) >= 5, report["arrivals"]
-    # While the webhook was away, creates were refused as such, by name.
-    assert any("webhook" in kind for kind in report["refusals"]), report["refusals"]
+    # The chart's defaults on this Kubernetes (1.37): admission by the apiserver's policies, two bridges. The
+    # webhook's faults have nothing to act on.
+    assert (report["admission"], report["bridge_replicas"]) == ("policy", 2), report
+    assert report["not_applicable"] == ["webhook-pod", "webhook-outage"], report["not_applicable"]
+    assert set(report["faults"]) == {"leader", "bridge-pod", "backend-pod", "apiserver", "etcd", "kubelet",
+                                     "containerd"}, report["faults"]  # fmt: skip
+    assert report["jobs"] >= 40 and report["arrivals"].get("bridge ok", 0) >= 5, report["arrivals"]
+    # Issue 39, from the run's own records of what each client met under each fault: gpulane's own pods
+    # dying refuses no call and no kubectl create, and the bridge waits out an apiserver or etcd restart.
+    by_fault = report["by_fault"]
+    print(json.dumps(by_fault, indent=1))  # the CI round shows them
+    for kind in ("leader", "bridge-pod", "backend-pod"):
+        row = by_fault[kind]
+        assert row.get("bridge refused", 0) == 0 and row.get("kubectl refused", 0) == 0, (kind, row, report["refusals"])
+    for kind in ("apiserver", "etcd"):
+        assert by_fault[kind].get("bridge refused", 0) == 0, (kind, by_fault[kind], report["refusals"])

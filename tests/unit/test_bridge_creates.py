@@ -22,6 +22,10 @@ from gpulane.bridge.keys import KeyRing, KeysFile
 from gpulane.kube.client import Conflict
 
 NO_ENDPOINTS = 'Internal error occurred: failed calling webhook "gpujob-defaults.gpulane.io": no endpoints available'
+POLICY_UNCONFIGURED = (
+    "policy \"r-gpulane-job-defaults\" denied request: failed to configure policy: failed to find resource "
+    "referenced by paramKind: 'gpulane.io/v1alpha1, Kind=GpuPolicy'"
+)
 KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
 
 
@@ -38,6 +42,8 @@ def api_error(status: int, message: str = "refused") -> ApiException:
         (api_error(503), True),
         (api_error(504), True),
         (api_error(429), True),  # the apiserver's priority and fairness, or storage initializing
+        # Its policies not set up yet, after a restart (seen in the chaos run for 28 s): no verdict on the job.
+        (api_error(403, POLICY_UNCONFIGURED), True),
         (ConnectionRefusedError(111, "Connection refused"), True),
         (TimeoutError(), True),
         (ClientConnectionError("Server disconnected"), True),
