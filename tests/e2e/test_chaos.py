@@ -1,7 +1,8 @@
 """The chaos run (bench/chaos.py) for one round: the chart with its defaults on the real node, one fault of
 every kind that applies (the leader killed with a standby running, the bridge and backend pods killed,
 kube-apiserver and etcd restarted, the kubelet and containerd restarted on gpu-0; the webhook's faults when
-the chart runs one), its independent checker's verdict, and what the callers met under each fault. The ten-minute run stays in the benchmarks (`make bench-chaos`, docs/reliability.md).
+the chart runs one), its independent checker's verdict, and what the callers met under each fault. The
+ten-minute run stays in the benchmarks (`make bench-chaos`, docs/reliability.md).
 
 It installs the chart, whose operator acts on every lane, so the session's operator steps aside. It runs
 after the other tests (``last``; before the ones that stop the cluster in test_host_given_back.py): it
