@@ -23,7 +23,7 @@ from gpulane.kube.client import Conflict
 
 NO_ENDPOINTS = 'Internal error occurred: failed calling webhook "gpujob-defaults.gpulane.io": no endpoints available'
 POLICY_UNCONFIGURED = (
-    "policy \"r-gpulane-job-defaults\" denied request: failed to configure policy: failed to find resource "
+    'policy "r-gpulane-job-defaults" denied request: failed to configure policy: failed to find resource '
     "referenced by paramKind: 'gpulane.io/v1alpha1, Kind=GpuPolicy'"
 )
 KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
