@@ -1,5 +1,5 @@
 """Finished jobs and etcd: a run of N bridge-like calls (GpuJobs labelled as the bridge labels its calls),
-once with the GpuPolicy's ttlSecondsAfterFinished.bridge set and once with it null (kept forever), on the
+once with the GpuPolicy's ttlSecondsAfterFinished.bridge set and once with it -1 (kept forever), on the
 same cluster, one after the other. It samples the apiserver's count of stored GpuJobs
 (``apiserver_resource_objects``) and etcd's database file (``apiserver_storage_size_bytes``), and etcd's
 live data, compacted, before and after each side (``etcd_mvcc_db_total_size_in_use_in_bytes``).
@@ -30,6 +30,7 @@ from harness import PhaseWatch, bench_world
 from kubernetes import client
 
 from gpulane.api.contract import API_KEY_LABEL
+from gpulane.api.retention import KEEP
 from tests.e2e.operator_support import API, GROUP, VERSION
 from tests.e2e.support import wait_until
 
@@ -75,7 +76,8 @@ def sample(bench: Any) -> dict[str, float]:
 def side(bench: Any, calls: int, ttl: int | None, args: argparse.Namespace) -> dict[str, Any]:
     api, world, namespace = bench.api, bench.world, bench.namespace
     tag = "keep" if ttl is None else f"ttl{ttl}"
-    policy = {"ttlSecondsAfterFinished": {"bridge": ttl}, "runLimits": {"executorGraceSeconds": 0}}
+    kept = KEEP if ttl is None else ttl  # a null would be pruned, and the default (an hour) applied
+    policy = {"ttlSecondsAfterFinished": {"bridge": kept}, "runLimits": {"executorGraceSeconds": 0}}
     world.apply({"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"}, "spec": policy})
     wait_until(lambda: world.cluster_status("gpupolicies", "default").get("observedGeneration"), what="policy")
     model = world.model(f"calls-{tag}", ready_delay="0s", maxConcurrency=args.concurrency)

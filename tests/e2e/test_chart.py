@@ -569,6 +569,28 @@ def rendered(cluster: Cluster, *values: str) -> dict[tuple[str, str], dict[str, 
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
 
 
+def test_minus_one_keeps_a_sources_jobs_through_the_chart_and_kubectl_apply_but_null_never_did(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 33: values.yaml said null keeps a source's jobs. The apiserver prunes a null and puts the CRD's
+    default back (604800), on create and through kubectl apply's merge patch alike; -1 survives both."""
+    for kept, stored in ((-1, -1), (None, 604800)):
+        values = tmp_path / "ttl.yaml"
+        values.write_text(yaml.safe_dump({"policy": {"spec": {"ttlSecondsAfterFinished": {"kubectl": kept}}}}))
+        if kept is None:  # the values schema refuses a null outright, so render the policy with it by hand
+            policy = rendered(cluster)["GpuPolicy", "default"]
+            policy["spec"]["ttlSecondsAfterFinished"] = {"kubectl": None}
+        else:
+            policy = rendered(cluster, "-f", str(values))["GpuPolicy", "default"]
+        assert policy["spec"]["ttlSecondsAfterFinished"] == {"kubectl": kept}
+        applied = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(policy))
+        ttl = json.loads(applied.stdout)["spec"]["ttlSecondsAfterFinished"]
+        assert ttl == {"bridge": 3600, "kubectl": stored}, (kept, ttl)
+    refused = cluster.helm("template", "r", str(CHART), "--set-json",
+                           'policy.spec.ttlSecondsAfterFinished={"kubectl":null}', check=False)  # fmt: skip
+    assert refused.returncode != 0 and "ttlSecondsAfterFinished/kubectl" in refused.stderr, refused.stderr
+
+
 def test_two_bridge_replicas_by_default_with_a_disruption_budget(cluster: Cluster) -> None:
     """Issue 39: a killed or rolled bridge replica costs no new call; one replica gets no budget (it would block
     every drain)."""

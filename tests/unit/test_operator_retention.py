@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 from gpulane.api.contract import API_KEY_LABEL
-from gpulane.api.retention import Retention
+from gpulane.api.retention import KEEP, Retention
 from gpulane.operator.retention import Expiries
 
 from .test_operator_controller import NS, T0, World, job_body, no_lane_loops  # noqa: F401 (the autouse fixture)
@@ -29,7 +29,7 @@ def test_each_source_gets_its_default_and_a_jobs_own_ttl_wins() -> None:
     expiries.finished(finished("call", uid="u1", ended=0, bridge=True), retention, base + 50)
     expiries.finished(finished("film", uid="u2", ended=0), retention, base + 50)
     expiries.finished(finished("own", uid="u3", ended=0, ttlSecondsAfterFinished=20), retention, base + 50)
-    expiries.finished(finished("kept", uid="u4", ended=0), Retention(kubectl=None), base + 50)
+    expiries.finished(finished("kept", uid="u4", ended=0), Retention(kubectl=KEEP), base + 50)
     assert expiries.due(base + 9) == []
     assert expiries.due(base + 10) == [(NS, "call", "u1")]
     assert expiries.due(base + 39) == [(NS, "own", "u3")]
