@@ -30,6 +30,7 @@ from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.catalog import Catalog, with_priority
 from gpulane.bridge.jobs import outcome_patch
 from gpulane.bridge.results import ResultStore
+from gpulane.core.priority import parse_priority
 from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
 from gpulane.kube.watch import watch_jobs
 
@@ -191,7 +192,7 @@ class ManifestExecutor:
         body = request.get("body") or {}
         served = (await self.models()).models.get(spec["model"])
         if served is not None:  # the job's priority, not one its author wrote into the body (docs/models.md)
-            body = with_priority(body, served, int(spec.get("priority") or 0))
+            body = with_priority(body, served, parse_priority(spec.get("priority")))  # an alias too
         async with self.session.post(base.rstrip("/") + request["path"], json=body) as resp:
             if request.get("output") == "volume":
                 assert self.results is not None

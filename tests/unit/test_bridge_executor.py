@@ -130,7 +130,7 @@ async def execute(
     output: str | None = None,
     models: Catalog = PLAIN,
     body: Body | None = None,
-    job_priority: int = 0,
+    job_priority: int | str = 0,
 ) -> None:
     """Runs each (name, uid) as a Running job claimed by this executor until its outcome is written."""
     async with backend(handler) as url:
@@ -150,10 +150,14 @@ async def execute(
             await ex.stop()
 
 
-@pytest.mark.parametrize(("passthrough", "sent"), [("LowerFirst", -50), ("HigherFirst", 50), (None, -999)])
-def test_a_kubectl_jobs_own_priority_in_its_body_never_reaches_a_passthrough_server(passthrough, sent):
+@pytest.mark.parametrize(
+    ("passthrough", "priority", "sent"),
+    [("LowerFirst", 50, -50), ("HigherFirst", 50, 50), (None, 50, -999), ("LowerFirst", "batch", 100)],
+)
+def test_a_kubectl_jobs_own_priority_in_its_body_never_reaches_a_passthrough_server(passthrough, priority, sent):
     """Review M2: the executor posts spec.request.body; with priorityPassthrough, the server gets the job's
-    priority (50) in its own sense, not the -999 the job's author wrote to jump vLLM's queue."""
+    priority (50) in its own sense, not the -999 the job's author wrote to jump vLLM's queue. A priority
+    left as an alias (no admission resolved it) is the alias's value."""
     received: list[Body] = []
 
     async def record(request: web.Request) -> web.StreamResponse:
@@ -164,7 +168,7 @@ def test_a_kubectl_jobs_own_priority_in_its_body_never_reaches_a_passthrough_ser
         kube = FakeKube()
         models = Catalog([ServedModel("m", priority_passthrough=passthrough)])
         await execute(record, kube, ("jumper", "uid-1"), models=models, body={"prompt": "hi", "priority": -999},
-                      job_priority=50)  # fmt: skip
+                      job_priority=priority)  # fmt: skip
 
     asyncio.run(scenario())
     assert received == [{"prompt": "hi", "priority": sent}]
