@@ -570,7 +570,7 @@ def rendered(cluster: Cluster, *values: str) -> dict[tuple[str, str], dict[str, 
 
 
 def test_minus_one_keeps_a_sources_jobs_through_the_chart_and_kubectl_apply_but_null_never_did(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, crds: None, tmp_path: Path
 ) -> None:
     """Issue 33: values.yaml said null keeps a source's jobs. The apiserver prunes a null and puts the CRD's
     default back (604800), on create and through kubectl apply's merge patch alike; -1 survives both."""
