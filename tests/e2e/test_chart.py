@@ -591,6 +591,27 @@ def test_minus_one_keeps_a_sources_jobs_through_the_chart_and_kubectl_apply_but_
     assert refused.returncode != 0 and "ttlSecondsAfterFinished/kubectl" in refused.stderr, refused.stderr
 
 
+def test_the_single_node_profile_runs_one_of_everything_with_the_bridge_on_the_nodes_address(
+    cluster: Cluster, crds: None
+) -> None:
+    """values-single-node.yaml (issues 33 and 39): one operator, one bridge on a NodePort, admission by the
+    apiserver's policies where it serves them (else one webhook), no disruption budget, one lane."""
+    profile = ["-f", str(CHART / "values-single-node.yaml"), "--set", "bridge.keys.existingSecret=keys"]
+    served = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+    box = rendered(cluster, *profile, *served)
+    deployments = {name: d["spec"]["replicas"] for (kind, name), d in box.items() if kind == "Deployment"}
+    assert deployments == {"r-gpulane-operator": 1, "r-gpulane-bridge": 1}, deployments
+    assert not [k for k in box if k[0] in ("PodDisruptionBudget", "ValidatingWebhookConfiguration")]
+    assert ("MutatingAdmissionPolicy", "r-gpulane-job-defaults") in box
+    service = box["Service", "r-gpulane-bridge"]["spec"]
+    assert service["type"] == "NodePort" and service["ports"][0]["nodePort"] == 30890
+    older = rendered(cluster, *profile)  # no MutatingAdmissionPolicy v1: the webhook, one replica
+    assert older["Deployment", "r-gpulane-webhook"]["spec"]["replicas"] == 1
+    [lane] = [d for (kind, _), d in box.items() if kind == "GpuLane"]
+    applied = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(lane))
+    assert json.loads(applied.stdout)["metadata"]["name"] == "gpu-0"
+
+
 def test_two_bridge_replicas_by_default_with_a_disruption_budget(cluster: Cluster) -> None:
     """Issue 39: a killed or rolled bridge replica costs no new call; one replica gets no budget (it would block
     every drain)."""
