@@ -137,6 +137,7 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
                     check_port_free(port, comp)
         if real_node:
             _give_back_stale(log)
+            host.refuse_foreign_node()  # before anything is taken: our own leftovers are gone, the rest is not ours
             images = build_images(log)  # before taking the host: a failed build leaves nothing to undo
     except BaseException:
         if lock_fd >= 0:

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict
@@ -46,6 +47,7 @@ NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "kubepods"
 DYING_HOLDER_SECONDS = 20.0
+KUBELET_PORT = 10250
 
 
 def _record_path() -> Path:
@@ -108,6 +110,57 @@ def claim(state: Path) -> int:
     os.pwrite(fd, f"state dir {state}, started by pid {os.getpid()}".encode(), 0)
     os.set_inheritable(fd, True)
     return fd
+
+
+# What another Kubernetes node on this machine runs: its kubelet (or k3s, which embeds one) and its runtime.
+FOREIGN_COMMANDS = ("kubelet", "k3s", "k3s-server", "k3s-agent", "rke2", "containerd", "dockerd", "crio")
+
+
+def foreign_node(
+    proc: Path = Path("/proc"),
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+    port_taken: Any = None,
+) -> list[str]:
+    """What of another kubelet or container runtime this machine runs: its processes, a listener on the
+    kubelet's port, mounts under /var/lib/kubelet. Called once our own leftovers are given back, so whatever
+    remains is someone else's, and a real node here would fight it for the fixed paths and the port."""
+    found = []
+    ours = {p.get("pid") for p in (load_record() or {}).get("procs", [])}
+    for entry in proc.iterdir() if proc.is_dir() else []:
+        if not entry.name.isdigit() or int(entry.name) in ours:
+            continue
+        with contextlib.suppress(OSError):
+            command = (entry / "comm").read_text().strip()
+            if command in FOREIGN_COMMANDS:
+                found.append(f"{command} runs (pid {entry.name})")
+    if (port_taken or _port_taken)(KUBELET_PORT):
+        found.append(f"something listens on the kubelet's port {KUBELET_PORT}")
+    with contextlib.suppress(OSError):
+        for line in mountinfo.read_text().splitlines():
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith("/var/lib/kubelet/"):
+                found.append(f"{point} is mounted (another kubelet's pods)")
+                break
+    return found
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def refuse_foreign_node() -> None:
+    """Raise ClusterError, saying what and why, when another node runs here (k3s, a kubelet, Docker)."""
+    found = foreign_node()
+    if found:
+        raise ClusterError(
+            "this machine already runs a Kubernetes node or a container runtime: "
+            + "; ".join(found)
+            + ". The local cluster's real node would take the same host paths (/var/lib/kubelet, /run/containerd)"
+            " and ports. Install gpulane on that cluster instead (docs/chart.md: values-single-node.yaml for one box),"
+            " or run the local cluster without the real node (GPULANE_NODE=kwok)."
+        )
 
 
 def load_record() -> dict[str, Any] | None:

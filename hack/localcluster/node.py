@@ -38,7 +38,7 @@ NODE_BINARIES = (
 NODE_COMPONENTS = ("containerd", "coredns", "kubelet", "gpu-device-plugin", "kube-proxy")
 # The kubelet's device-plugin directory is fixed, whatever its --root-dir (host.FIXED_PATHS has its parent).
 DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/gpulane-gpu.sock")
-KUBELET_PORT = 10250
+KUBELET_PORT = host.KUBELET_PORT
 KUBELET_HEALTHZ = 10248
 PROXY_HEALTHZ = 10256
 PROXY_METRICS = 10249
