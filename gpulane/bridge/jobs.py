@@ -205,8 +205,13 @@ class KubeJobQueue:
         """The URL of a Ready backend pod serving ``model`` now, if a lane has one."""
         for lane in await self.lanes():
             if lane.model == model and lane.ready:
-                with contextlib.suppress(NoBackend):  # the lane's status is a moment older than its pod
+                try:
                     return await lane_backend(self.kube, self.backend_namespace, lane.name, model)
+                except NoBackend:  # the lane's status is a moment older than its pod
+                    continue
+                except ApiException as err:  # no right to read the pod (an install without the chart's Role)
+                    log.warning("the backend of lane %s cannot be read (%s): the call is queued", lane.name, why(err))
+                    return None
         return None
 
     async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:

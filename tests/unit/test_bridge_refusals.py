@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from kubernetes.client.exceptions import ApiException
+from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError
@@ -99,3 +99,21 @@ def test_the_key_is_checked_before_the_body_is_read(headers: dict[str, str], sta
             )
 
     asyncio.run(scenario())
+
+
+def test_a_backend_the_bridge_may_not_read_queues_the_call_instead_of_a_500() -> None:
+    """Review L7: without get on pods in the backend namespace (an install whose bridge runs no executor,
+    before the chart always granted it), an /upstream call on an ignored path answered 500."""
+    from gpulane.bridge.jobs import KubeJobQueue
+
+    class NoPodRights:
+        namespace = "gpulane-system"
+
+        async def list_cluster(self, plural: str) -> list[dict[str, object]]:
+            return [{"metadata": {"name": "gpu-0"}, "status": {"residentModel": "m", "ready": True}}]
+
+        async def get_pod(self, name: str, namespace: str | None = None) -> None:
+            raise api_error(403, 'pods "gpulane-gpu-0" is forbidden: User "system:serviceaccount:x:bridge" cannot get')
+
+    queue = KubeJobQueue(NoPodRights(), "r0")  # type: ignore[arg-type]
+    assert asyncio.run(queue.resident("m")) is None
