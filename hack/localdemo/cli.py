@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             info = up(log=lambda line: print(line, file=f, flush=True), real_node=True)
         tools = release.Tools(tools_bindir(), info.kubeconfig)
         with (
-            progress.step("chart (operator, webhook, bridge, policy, lane, models)"),
+            progress.step("chart (operator, admission, bridge, policy, lane, models)"),
             tempfile.TemporaryDirectory() as tmp,
         ):
             release.install(tools, Path(tmp), ADMIN)

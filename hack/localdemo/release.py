@@ -1,6 +1,6 @@
 """The demo's release of the chart: policy, the lane on gpu-0, two models, the bridge with two API keys,
-and the webhook, all in one namespace that the webhook alone selects (the cluster's other namespaces, a
-test's say, never meet its ``failurePolicy: Fail``)."""
+and admission (the apiserver's policies on this Kubernetes, or the webhook), all for one namespace that
+admission alone selects (the cluster's other namespaces, a test's say, never meet its refusals)."""
 
 from __future__ import annotations
 
