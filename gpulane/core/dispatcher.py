@@ -391,8 +391,10 @@ class Dispatcher:
         changed = self.ranking.alternatives(lane.resident, job) if self._explain else {}
         load = job.model != lane.resident
         replaces = lane.resident if load else None
-        # Charged now, so that a burst's usage shows at once; corrected when the job ends.
-        expected = self.models.expected_run(job) + (self.models.get(job.model).load_seconds if load else 0.0)
+        # Charged now, so that a burst's usage shows at once; corrected when the job ends. Never below the
+        # model's learned run: a submitter's own low estimate (expectedRunSeconds: 0) would buy turns.
+        spec = self.models.get(job.model)
+        expected = max(self.models.expected_run(job), spec.run_seconds) + (spec.load_seconds if load else 0.0)
         served_before = self.ranking.take(job, now, expected)
         if load:
             lane.resident, lane.loading_since = job.model, now

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpulane.core.events import JobFinished, JobSubmitted, ModelLoaded, UsageRestored
+from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated, ModelLoaded, UsageRestored
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 
@@ -253,3 +253,18 @@ def test_dispatcher_matches_the_usage_reference(seed):
             check(d.handle(JobSubmitted(job)))
         if rng.random() < 0.2 and d.lanes["gpu-0"].resident is not None:
             d.handle(ModelLoaded("gpu-0", d.lanes["gpu-0"].resident))
+
+
+@pytest.mark.parametrize("stated", [None, 0.0, 5.0])
+def test_a_low_expected_run_buys_no_turns(stated):
+    """Review M4: the dispatch charge was the submitter's expectedRunSeconds. Two lanes come up with alice's
+    four jobs and bob's one waiting: with 0, alice's first job charged nothing and her second took the other
+    lane before bob. The charge is never below the model's learned run now."""
+    d, clock = dispatcher(lanes={}, models=[ModelSpec("m", run_seconds=600)], policy=USAGE)
+    for i in range(4):
+        d.handle(JobSubmitted(Job(f"a{i}", "m", 0, "free", "alice", 0.0, expected_run_seconds=stated)))
+    clock.now = 1
+    d.handle(JobSubmitted(Job("b0", "m", 0, "free", "bob", 1.0)))
+    clock.now = 2
+    decisions = d.handle_all([LaneUpdated("gpu-0", resident="m"), LaneUpdated("gpu-1", resident="m")])
+    assert names(decisions) == ["a0", "b0"]
