@@ -61,6 +61,15 @@ def step_of(body: Body) -> tuple[Key, StepJob] | None:
     return (meta["namespace"], chain), step
 
 
+def owner_of(body: Body) -> str | None:
+    """The uid of the GpuChain that controls a job, from its owner references: a job that merely carries a
+    chain's labels (anyone who may create jobs in the namespace can write them) is not that chain's step."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "GpuChain" and ref.get("controller"):
+            return str(ref.get("uid") or "") or None
+    return None
+
+
 def rules_of(spec: GpuChainSpec) -> ChainRules:
     return ChainRules(spec.total, spec.in_flight, spec.on_failure.retries, spec.on_failure.then, spec.suspend)
 
@@ -89,6 +98,7 @@ class Chains:
         self.run_seconds = run_seconds  # a model's learned run time: a step's, for the ETA
         self.chains: dict[Key, Body] = {}
         self.steps: dict[Key, dict[str, StepJob]] = {}
+        self.owners: dict[tuple[Key, str], str | None] = {}  # each step job's controlling GpuChain uid
         self._locks: dict[Key, asyncio.Lock] = {}
         self._written: dict[Key, Body] = {}  # the last status written, to write only changes
 
@@ -98,6 +108,8 @@ class Chains:
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             self.chains.pop(key, None)
             self.steps.pop(key, None)
+            for owned in [k for k in self.owners if k[0] == key]:
+                del self.owners[owned]
             self._locks.pop(key, None)
             self._written.pop(key, None)
             return
@@ -113,12 +125,15 @@ class Chains:
         key, step = found
         if kind == "DELETED":
             self.steps.get(key, {}).pop(step.name, None)
+            self.owners.pop((key, step.name), None)
         else:
+            self.owners[(key, step.name)] = owner_of(body)
             steps = self.steps.setdefault(key, {})
             # An end seen happen: not one the first list shows (a restart would post them all again).
             ended = kind is not None and step.ended and not (steps.get(step.name) and steps[step.name].ended)
             steps[step.name] = step
-            if ended and key in self.chains:
+            ours = key in self.chains and self.owners[(key, step.name)] == self.chains[key]["metadata"].get("uid")
+            if ended and ours:
                 self.spawn(self._step_ended(key, body, step))
         if key in self.chains:
             self.spawn(self.reconcile(key))
@@ -136,7 +151,8 @@ class Chains:
                 await self._write_status(key, chain, {"phase": "Failed", "message": describe(err, "spec")})
                 return
             rules, now = rules_of(spec), self.clock()
-            steps = self.steps.setdefault(key, {})
+            uid = chain["metadata"].get("uid")
+            steps = {n: s for n, s in self.steps.setdefault(key, {}).items() if self.owners.get((key, n)) == uid}
             # What we wrote last is newer than the chain's status as its last event showed it (a step's
             # deletion can come before our write's own event): the steps that ended for good must hold.
             before = {**(chain.get("status") or {}), **self._written.get(key, {})}
@@ -146,18 +162,23 @@ class Chains:
             unchanged = before.get("observedGeneration") == chain["metadata"].get("generation")
             gave_up = parse_steps(before.get("failedSteps"), rules.total) if unchanged else frozenset()
             decided = plan(rules, steps.values(), now, succeeded, gave_up)
+            blocked = None  # why a step cannot be made, said in the status's message
             for index, attempt in decided.create:
                 manifest = step_manifest(chain, spec, index, attempt)
                 name = manifest["metadata"]["name"]
                 try:
                     await self.kube.create_job(manifest)
-                except Conflict:
-                    pass  # created before: its watch event is on its way
+                except Conflict:  # created before (its watch event is on its way), or someone else's job
+                    if (blocked := await self._not_ours(key, name, uid)) is not None:
+                        break
+                    self.owners[(key, name)] = uid
                 except Exception as err:  # refused (admission, quota): said on the chain, tried at its next event
                     log.warning("chain %s/%s: creating step %d failed: %s", *key, index, err)
                     await self._write_status(key, chain, {"message": f"creating step {index} failed: {err}"[:1024]})
                     return
                 steps.setdefault(name, StepJob(index, attempt, name))
+                self.steps[key].setdefault(name, steps[name])
+                self.owners.setdefault((key, name), uid)
                 decided = plan(rules, steps.values(), now, succeeded, gave_up)
             step_seconds = spec.expected_run_seconds or self.run_seconds(spec.model)
             eta = estimated_completion(rules, decided, steps.values(), step_seconds, now)
@@ -179,7 +200,7 @@ class Chains:
                 # Jobs of ended steps may be gone (their TTL): the time they took is not.
                 gpu_seconds=round(max(decided.gpu_seconds, float(before.get("gpuSeconds") or 0)), 1),
                 estimated_completion=None if eta is None else format_time(round(eta)),  # no churn in ms
-                message=decided.message,
+                message=blocked or decided.message,
             ).model_dump(by_alias=True, exclude_none=True)
             for field in ("current", "failedSteps"):
                 status.setdefault(field, None)  # a merge patch removes the one written before
@@ -188,6 +209,19 @@ class Chains:
             status["conditions"] = merge_condition(before.get("conditions"), cond)
             status["observedGeneration"] = chain["metadata"].get("generation")
             await self._write_status(key, chain, status)
+
+    async def _not_ours(self, key: Key, name: str, uid: str | None) -> str | None:
+        """Why step job ``name`` cannot be made: a job of that name that this chain does not own; None when
+        it is the chain's own (or gone meanwhile: the next reconcile makes it)."""
+        try:
+            job = await self.kube.get_job(key[0], name)
+        except Gone:
+            return None
+        if owner_of(job) == uid:
+            return None
+        log.warning("chain %s/%s: job %s exists and is not its step", *key, name)
+        return (f"step job {name} cannot be created: a GpuJob of that name exists that this chain does not own;"
+                " delete it, and the chain goes on")[:1024]
 
     async def _write_status(self, key: Key, chain: Body, status: Body) -> None:
         if self._written.get(key) == status:

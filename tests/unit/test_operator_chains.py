@@ -120,3 +120,34 @@ def test_a_chain_that_failed_stays_failed_after_its_steps_jobs_are_deleted() -> 
         assert len(w.kube.calls_of("create_job")) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_job_that_only_carries_a_chains_labels_is_not_its_step() -> None:
+    """Review L6: anyone who may create jobs in the namespace can write a chain's labels. A forged step marked
+    Succeeded no longer marks the shot done, and one that took a step's name stalls the chain saying so."""
+
+    async def scenario() -> None:
+        w = World()
+        forged_done = {"metadata": {"name": "not-a-step", "namespace": NS,
+                                    "labels": {"gpulane.io/chain": "film", "gpulane.io/step": "0"}},
+                       "spec": {"model": "m"}, "status": {"phase": "Succeeded"}}  # fmt: skip
+        w.chains.job_event("ADDED", w.kube.put("gpujobs", forged_done))
+        squatter = {"metadata": {"name": "film-1", "namespace": NS,
+                                 "labels": {"gpulane.io/chain": "film", "gpulane.io/step": "1"}},
+                    "spec": {"model": "m"}}  # fmt: skip
+        w.chains.job_event("ADDED", w.kube.put("gpujobs", squatter))
+        w.chains.chain_event("ADDED", w.chain(count=2))
+        await w.settle()
+        assert [c.target for c in w.kube.calls_of("create_job")] == [f"gpujobs/{NS}/film-0"], "step 0 is not done"
+        assert w.status()["progress"] == "0/2"
+        w.chains.job_event("ADDED", w.kube.job("film-0"))
+        w.chains.job_event("MODIFIED", w.step_ends("film-0"))
+        await w.settle()
+        assert w.events() == ["StepSucceeded"], "one Event, for the chain's own step"
+        assert (
+            "step job film-1 cannot be created: a GpuJob of that name exists that this chain does not own"
+            in (w.status()["message"])
+        )
+        assert w.status()["progress"] == "1/2"
+
+    asyncio.run(scenario())
