@@ -220,8 +220,10 @@ class Chains:
         if owner_of(job) == uid:
             return None
         log.warning("chain %s/%s: job %s exists and is not its step", *key, name)
-        return (f"step job {name} cannot be created: a GpuJob of that name exists that this chain does not own;"
-                " delete it, and the chain goes on")[:1024]
+        return (
+            f"step job {name} cannot be created: a GpuJob of that name exists that this chain does not own;"
+            " delete it, and the chain goes on"
+        )[:1024]
 
     async def _write_status(self, key: Key, chain: Body, status: Body) -> None:
         if self._written.get(key) == status:
