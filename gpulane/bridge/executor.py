@@ -31,7 +31,7 @@ from gpulane.bridge.catalog import Catalog, with_priority
 from gpulane.bridge.jobs import outcome_patch
 from gpulane.bridge.results import ResultStore
 from gpulane.core.priority import parse_priority
-from gpulane.kube.client import Conflict, Gone, Kube, backoff, why
+from gpulane.kube.client import Conflict, Gone, Kube, why, write_outcome
 from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
@@ -226,14 +226,7 @@ class ManifestExecutor:
         return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
 
     async def _write_outcome(self, namespace: str, name: str, patch: list[Body]) -> None:
-        """Written until it lands: a 429, a 500 or a timeout is retried. A Conflict (the job is no longer
-        Running: the operator's deadline, or a cancel, ended it first) or Gone means someone else ended it."""
-        async for attempt in backoff(log, "writing an executor outcome failed", initial=0.2, max_backoff=10.0):
-            with attempt:
-                try:
-                    await self.kube.patch_job_status(namespace, name, patch)
-                except (Conflict, Gone):
-                    return
+        await write_outcome(self.kube, namespace, name, patch, log)
         log.info("executed %s/%s: %s", namespace, name, json.dumps(patch[1]["value"]))
 
 

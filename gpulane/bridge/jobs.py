@@ -25,7 +25,7 @@ from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.calls import CallError
 from gpulane.bridge.catalog import Catalog, ServedModel
 from gpulane.bridge.creates import PATIENCE_SECONDS, Waiting, create_patiently, transient
-from gpulane.kube.client import Conflict, Gone, Kube, backoff, refusal_message, why
+from gpulane.kube.client import Gone, Kube, backoff, refusal_message, why, write_outcome
 from gpulane.kube.watch import watch_jobs
 
 log = logging.getLogger(__name__)
@@ -250,10 +250,11 @@ class KubeJobQueue:
                 # An attempt may have landed with its answer lost: no job may stay behind without its call.
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.kube.delete_job(self.namespace, name))
+            if transient(err):  # still unavailable at the bound: a 503 to retry, whatever the last status was
+                what = f"HTTP {err.status} {refusal_message(err)}" if isinstance(err, ApiException) else why(err)
+                raise _unavailable(what) from None
             if isinstance(err, ApiException):
                 raise _refusal(err) from None
-            if transient(err):
-                raise _unavailable(why(err)) from None
             raise
         return name
 
@@ -270,9 +271,9 @@ class KubeJobQueue:
             self._waiters.pop(name, None)
 
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
-        """The executor's outcome, through the status, only from Running (docs/job-lifecycle.md)."""
-        with contextlib.suppress(Conflict, Gone):  # ended already (deadline, deletion): that outcome stands
-            await self.kube.patch_job_status(self.namespace, name, outcome_patch(succeeded, message))
+        """The executor's outcome, through the status, only from Running (docs/job-lifecycle.md), written until
+        it lands: left unwritten, the job would hold its lane until its run limit."""
+        await write_outcome(self.kube, self.namespace, name, outcome_patch(succeeded, message), log)
 
     async def cancel(self, name: str) -> None:
         """The client went away: deleting the job takes it out of the queue, or off its lane."""

@@ -78,6 +78,24 @@ def backoff(
     )
 
 
+def _admission_refused(err: ApiException) -> bool:
+    message = refusal_message(err)
+    return "denied request" in message or "admission webhook" in message
+
+
+async def write_outcome(kube: Kube, namespace: str, name: str, patch: Patch, log: logging.Logger) -> None:
+    """An executor's outcome (a JSON patch that tests phase Running), written until it lands: a 429, a 5xx, a
+    timeout, a restarting apiserver or an admission that cannot decide yet is tried again with backoff. A
+    Conflict (no longer Running: a deadline or a cancel ended it first) or Gone means that outcome stands."""
+    async for attempt in backoff(log, f"writing the outcome of {namespace}/{name} failed", initial=0.2,
+                                 max_backoff=10.0):  # fmt: skip
+        with attempt:
+            try:
+                await kube.patch_job_status(namespace, name, patch)
+            except (Conflict, Gone):
+                return
+
+
 def why(err: BaseException | None) -> str:
     """An error in one line: its type, and its message when it has one (a TimeoutError has none)."""
     if isinstance(err, ApiException):  # its str() is the whole response, headers and all
@@ -157,7 +175,9 @@ class Kube:
         except ApiException as err:
             # A JSON patch that does not apply is a 422, and the apiserver's message does not always say
             # why; with a `test` op in it, the tested state changed under us: someone else's write stands.
-            if tested and err.status == 422:
+            # Unless admission refused it (a policy that cannot decide yet, after an apiserver restart, is a
+            # 422 too): then nothing stands, and the write must be tried again.
+            if tested and err.status == 422 and not _admission_refused(err):
                 raise Conflict(str(err.body or err.reason)) from None
             raise
 

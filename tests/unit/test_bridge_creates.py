@@ -198,3 +198,46 @@ def test_a_stream_hears_the_outage_and_then_the_error_and_frees_its_slot() -> No
         assert sum(bridge._queued.values()) == 0
 
     asyncio.run(scenario())
+
+
+class Outcomes:
+    """A Kube whose status patches fail with each of ``failures`` in turn, then land."""
+
+    namespace = "apps"
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures = list(failures)
+        self.attempts = 0
+        self.landed: list[Any] = []
+
+    async def patch_job_status(self, namespace: str, name: str, patch: Any) -> dict[str, Any]:
+        self.attempts += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.landed.append(patch)
+        return {}
+
+
+def test_a_calls_outcome_is_written_through_an_apiserver_restart_and_a_policy_that_cannot_decide() -> None:
+    """The outcome of a bridge call was written once: lost to a restarting apiserver (seen in the chaos round),
+    the job stayed Running and held the GPU for its whole run limit."""
+    undecided = api_error(422, "ValidatingAdmissionPolicy 'x' denied request: failed to configure policy")
+    kube = Outcomes(ConnectionRefusedError(111, "Connection refused"), api_error(503), undecided)
+    asyncio.run(KubeJobQueue(kube, "r0").finish("call-1", True))  # type: ignore[arg-type]
+    assert kube.attempts == 4 and len(kube.landed) == 1
+
+
+def test_a_call_ended_by_someone_else_keeps_that_outcome() -> None:
+    kube = Outcomes(Conflict("the job is no longer Running"))
+    asyncio.run(KubeJobQueue(kube, "r0").finish("call-1", True))  # type: ignore[arg-type]
+    assert kube.attempts == 1 and kube.landed == []
+
+
+def test_a_policy_that_cannot_decide_past_the_bound_is_a_503_not_a_403() -> None:
+    """The chaos round's one bridge 403: the apiserver's policies were not set up for longer than the bound."""
+    kube = Creates(*[api_error(403, POLICY_UNCONFIGURED)] * 1000)
+    with pytest.raises(CallError) as raised:
+        asyncio.run(KubeJobQueue(kube, "r0").submit(SUBMISSION))  # type: ignore[arg-type]
+    assert (raised.value.status, raised.value.retry_after) == (503, 1) and "failed to configure policy" in str(
+        raised.value
+    )

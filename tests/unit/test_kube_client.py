@@ -4,6 +4,7 @@ whatever the 422's message says (seen in the chaos bench: a generic "error in ou
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -151,3 +152,18 @@ def test_a_token_counts_only_for_the_audience_asked(monkeypatch: pytest.MonkeyPa
 
     assert asyncio.run(go()) == who
     assert asked == [{"token": "tok", "audiences": ["gpulane-bridge"]}]
+
+
+def test_a_tested_patch_that_admission_refused_is_no_conflict():
+    """A restarted apiserver's admission policy that cannot decide yet refuses with a 422: read as a failed
+    `test`, the bridge took it as "someone else ended the job" and never wrote the outcome, so the job held
+    its lane until its run limit (seen in the chaos round)."""
+    policy = json.dumps(
+        {
+            "code": 422,
+            "message": 'gpujobs.gpulane.io "c" is forbidden: ValidatingAdmissionPolicy'
+            " 'r-gpulane-status-outcomes' denied request: failed to configure policy",
+        }
+    )
+    with pytest.raises(ApiException):
+        write(refuse(422, policy), TESTED)
