@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ClusterError, Log
-from .processes import Proc, proc_alive, stop_process
+from .processes import Proc, proc_alive, proc_stat, stop_process
 
 RUN_DIR = Path(os.environ.get("GPULANE_NODE_RUN_DIR", "/run/gpulane-node"))
 # The node's sockets (containerd's, the kubelet's pod-resources and plugin sockets) live here rather than
@@ -128,6 +128,9 @@ def foreign_node(
     ours = {p.get("pid") for p in (load_record() or {}).get("procs", [])}
     for entry in proc.iterdir() if proc.is_dir() else []:
         if not entry.name.isdigit() or int(entry.name) in ours:
+            continue
+        state = proc_stat(int(entry.name), proc)
+        if state is None or state[0] in ("Z", "X"):  # a killed child not yet reaped still shows its name
             continue
         with contextlib.suppress(OSError):
             command = (entry / "comm").read_text().strip()

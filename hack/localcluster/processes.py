@@ -26,9 +26,10 @@ class Proc:
     log: str
 
 
-def proc_stat(pid: int) -> tuple[str, int] | None:
+def proc_stat(pid: int, proc: Path = Path("/proc")) -> tuple[str, int] | None:
+    """A process's state letter and start time, or None if there is no such process."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        raw = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
     # The command name is in parentheses and may contain spaces; fields after it are space separated.

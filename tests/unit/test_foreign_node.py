@@ -18,11 +18,15 @@ from localcluster.errors import ClusterError  # noqa: E402
 MOUNT = "36 25 0:32 / {point} rw,relatime shared:15 - tmpfs tmpfs rw\n"
 
 
-def machine(tmp_path: Path, commands: dict[int, str], mounts: tuple[str, ...] = ()) -> tuple[Path, Path]:
+def machine(
+    tmp_path: Path, commands: dict[int, str], mounts: tuple[str, ...] = (), zombies: tuple[int, ...] = ()
+) -> tuple[Path, Path]:
     proc = tmp_path / "proc"
     for pid, command in commands.items():
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "comm").write_text(command + "\n")
+        state = "Z" if pid in zombies else "S"
+        (proc / str(pid) / "stat").write_text(f"{pid} ({command}) {state} 1 {pid} {pid} 0 -1 " + "0 " * 14 + "4242 0\n")
     (proc / "self").mkdir(parents=True, exist_ok=True)  # not a pid: skipped
     mountinfo = tmp_path / "mountinfo"
     mountinfo.write_text("".join(MOUNT.format(point=p) for p in ("/", *mounts)))
@@ -49,6 +53,13 @@ def test_k3s_its_port_and_its_pods_mounts_are_each_named(tmp_path: Path) -> None
         "something listens on the kubelet's port 10250",
         "/var/lib/kubelet/pods/abc/volumes/kubernetes.io~projected/token is mounted (another kubelet's pods)",
     ]
+
+
+def test_a_killed_child_not_yet_reaped_is_not_a_node(tmp_path: Path) -> None:
+    """A killed run's containerd, SIGKILLed by its parent (the test session), shows its name until reaped
+    (seen in test_host_given_back.py)."""
+    proc, mountinfo = machine(tmp_path, {24593: "containerd"}, zombies=(24593,))
+    assert host.foreign_node(proc, mountinfo, port_taken=lambda port: False) == []
 
 
 def test_our_own_recorded_processes_are_not_foreign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
