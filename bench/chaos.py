@@ -290,7 +290,10 @@ class Chaos:
                     what="a call",
                 )
         if kind in ("leader", "webhook-pod", "bridge-pod", "backend-pod"):
-            victim, deadline = "", time.monotonic() + 10  # between two backend pods (a swap) there is none
+            # Between two backend pods (a swap) there is none; after an apiserver restart in policy mode the
+            # operator's own writes are refused until the apiserver has set up its policies (up to half a
+            # minute), and the lane makes no pod meanwhile: wait as long as a recovery may take.
+            victim, deadline = "", time.monotonic() + self.args.bound
             while not victim and time.monotonic() < deadline:
                 if kind == "leader":
                     victim = self.leader()
