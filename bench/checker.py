@@ -4,7 +4,7 @@ which promise broke:
 
 - every job ends in exactly one terminal phase, and none is lost;
 - a lane never holds more active (Dispatching or Running) jobs than it allows, nor two backend pods;
-- no job is dispatched twice (once more per yield back to the queue, ``Requeued``);
+- no job is dispatched twice (once more per time it went back to the queue: ``LoadYielded``, ``LoadLost``);
 - dispatching resumes after each fault within a bound.
 
 ``Record`` is pure bookkeeping fed with (time, kind, object), so its rules are unit-tested on histories;
@@ -26,6 +26,9 @@ ACTIVE = ("Dispatching", "Running")
 TERMINAL = ("Succeeded", "Failed", "Cancelled")
 LANE_ANNOTATION = "gpulane.io/lane"
 Feed = Callable[[float, str, dict[str, Any]], None]
+# The Events of a job the operator put back in the queue before it started: its load yielded to a better job,
+# or the pod it waited for was lost (docs/job-lifecycle.md). Each allows one more Dispatched.
+BACK_IN_QUEUE = ("LoadYielded", "LoadLost")
 
 
 @dataclass
@@ -125,7 +128,7 @@ class Record:
 
     def event(self, now: float, kind: str, obj: dict[str, Any]) -> None:
         involved, reason = obj.get("involvedObject") or {}, obj.get("reason")
-        if kind == "DELETED" or involved.get("kind") != "GpuJob" or reason not in ("Dispatched", "Requeued"):
+        if kind == "DELETED" or involved.get("kind") != "GpuJob" or reason not in ("Dispatched", *BACK_IN_QUEUE):
             return
         track = self.jobs.setdefault(involved["name"], Track())
         counts = track.dispatched if reason == "Dispatched" else track.requeued
