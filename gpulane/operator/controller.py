@@ -183,7 +183,7 @@ class Controller:
 
     def _admit(self, body: Body) -> None:
         full = self.jobs.full(body, self.observed.pending_cap)
-        result = full or job_from_body(body, self.dispatcher.policy, self.clock())
+        result = full or job_from_body(body, self.dispatcher.policy, self.clock(), self.jobs.arrivals)
         if isinstance(result, Refusal):
             self._refuse(body, result)
             return

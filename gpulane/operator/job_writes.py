@@ -16,7 +16,7 @@ from typing import Any
 
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION, GpuJobStatus
-from gpulane.api.times import format_time
+from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.explain import describe_dispatch
 from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.history import DispatchHistory, shown_in
@@ -38,7 +38,7 @@ def dispatched_fields(view: JobView, history: DispatchHistory, now: float) -> Bo
     """What a dispatched job's status says: its lane, score, story and Dispatched condition."""
     decision = view.decision
     fields: Body = {
-        "submittedAt": format_time(view.job.submitted_at),
+        "submittedAt": format_micro_time(view.job.submitted_at),
         "lane": view.lane,
         "dispatchedAt": format_time(view.dispatched_at or now),
         "position": None,

@@ -17,7 +17,7 @@ from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION
 from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job
-from gpulane.operator.translate import Refusal
+from gpulane.operator.translate import Arrivals, Refusal
 
 
 class JobState(StrEnum):
@@ -112,6 +112,7 @@ class JobTable:
         self._parked: dict[str, set[str]] = {}  # model -> keys
         self._on_lane: dict[str, dict[str, JobView]] = {}  # lane -> key -> its assigned and running jobs
         self._waiting: dict[str, set[str]] = {}  # namespace -> keys of its pending and parked jobs
+        self.arrivals = Arrivals()  # the submission times given at first sight, to keep them apart
 
     def get(self, key: str) -> JobView | None:
         return self._jobs.get(key)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
-from gpulane.api.times import format_time
+from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.forecast import Forecast, forecast
 from gpulane.kube.client import Gone, Kube
@@ -180,7 +180,7 @@ class StatusWriter:
             view.conditions = merge_condition(view.conditions, queued)
             status = job_status(
                 phase="Pending",
-                submittedAt=format_time(view.job.submitted_at),
+                submittedAt=format_micro_time(view.job.submitted_at),
                 reason=None,  # clears ModelNotFound once the model exists
                 message=None,
                 observedGeneration=view.generation,
@@ -204,7 +204,7 @@ class StatusWriter:
                 view.conditions = merge_condition(view.conditions, condition("Admitted", False, reason, message, now))
                 status = job_status(
                     phase="Pending",
-                    submittedAt=format_time(view.job.submitted_at),
+                    submittedAt=format_micro_time(view.job.submitted_at),
                     reason=reason,
                     message=message,
                     conditions=view.conditions,

@@ -37,20 +37,49 @@ class Refusal:
     message: str
 
 
-def submission_time(written: str | None, created: float | None, seen: float) -> float:
+def submission_time(written: str | None, created: float | None, seen: float, after: float | None = None) -> float:
     """When the job arrived, precisely and the same after any restart: what the operator wrote at first
     sight (``status.submittedAt``), else the first sight itself (``seen``). ``creationTimestamp`` has 1-s
     resolution, so jobs created in the same second would otherwise be ordered by name after a restart; the
-    time is kept inside that second, and to the millisecond, as it is written."""
+    time is kept inside that second, and to the microsecond, as it is written.
+
+    A first sight is also later than ``after``, the latest this operator gave a job of the same second: jobs
+    seen only once their second has ended all fall on its last millisecond, and without this they would tie
+    there and be ordered by name by the next leader."""
     at = parse_time(written)
+    fresh = at is None
     if at is None:
-        at = round(seen, 3)
+        at = round(seen, 6)
     if created is None:
         return at
-    return min(max(at, created), created + 0.999)
+    # A first sight falls by its last millisecond at the latest, which leaves a thousand microseconds to
+    # keep apart the jobs seen later still; what was written is kept as written, within the second.
+    at = min(max(at, created), created + (0.999 if fresh else 0.999999))
+    if fresh and after is not None and at <= after < created + 0.999999:
+        at = round(after + 0.000001, 6)
+    return at
 
 
-def job_from_body(body: Body, policy: Policy | None, seen: float) -> Job | Refusal:
+class Arrivals:
+    """The submission times this operator gave at first sight, the latest per creation second (a minute of
+    them): the next job of that second comes after (``submission_time``'s ``after``)."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, float] = {}
+
+    def after(self, created: float | None) -> float | None:
+        return None if created is None else self._latest.get(int(created))
+
+    def gave(self, created: float | None, submitted: float) -> None:
+        if created is None:
+            return
+        second = int(created)
+        self._latest[second] = max(submitted, self._latest.get(second, submitted))
+        for old in [s for s in self._latest if s < second - 60]:
+            del self._latest[old]
+
+
+def job_from_body(body: Body, policy: Policy | None, seen: float, arrivals: Arrivals | None = None) -> Job | Refusal:
     """The core job for a GpuJob first seen at ``seen``, or why it cannot be queued under ``policy``.
 
     Without a policy only the spec itself is checked: a job adopted after a restart keeps running
@@ -70,7 +99,10 @@ def job_from_body(body: Body, policy: Policy | None, seen: float) -> Job | Refus
         if refusal is not None:
             return refusal
     created = parse_time(meta.get("creationTimestamp"))
-    submitted = submission_time((body.get("status") or {}).get("submittedAt"), created, seen)
+    written = (body.get("status") or {}).get("submittedAt")
+    submitted = submission_time(written, created, seen, arrivals.after(created) if arrivals else None)
+    if arrivals is not None and not written:
+        arrivals.gave(created, submitted)
     return Job(
         id=job_key(body),
         model=spec.model,

@@ -1,6 +1,6 @@
 """Precise arrival order across restarts (issue 17): creationTimestamp has 1-s resolution, so jobs created
 in the same second used to be ordered by name after a restart. The operator writes when it first saw each
-job (status.submittedAt, to the millisecond) and a restarted operator orders them by it."""
+job (status.submittedAt, to the microsecond) and a restarted operator orders them by it."""
 
 from __future__ import annotations
 
@@ -34,11 +34,33 @@ def test_jobs_of_the_same_second_keep_their_arrival_order_after_a_restart():
         w.submit("alpha", created=T0 + 10)
         await w.ctl.status.flush()
         assert dispatch_order(w, w.ctl) == ["zulu", "alpha"]
-        assert w.kube.job("zulu")["status"]["submittedAt"] == "2024-05-01T12:00:10.100Z"
+        assert w.kube.job("zulu")["status"]["submittedAt"] == "2024-05-01T12:00:10.100000Z"
 
         w.clock.now = T0 + 60
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
         await rebuild(again)
         assert dispatch_order(w, again) == ["zulu", "alpha"], "the restart reordered jobs of the same second"
+
+    asyncio.run(scenario())
+
+
+def test_jobs_seen_after_their_second_ended_stay_apart_and_keep_their_order_after_a_takeover():
+    """Seen only once their creation second had ended (a loaded machine), jobs all fell on its last
+    millisecond, tied, and the next leader ordered them by name (test_leader_election.py, twice)."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm("busy")
+        for i, name in enumerate(["wait-c", "wait-b", "wait-a"]):
+            w.clock.now = T0 + 11.2 + i / 10  # created at T0 + 10, seen in the next second
+            w.submit(name, created=T0 + 10)
+        await w.ctl.status.flush()
+        written = [w.kube.job(n)["status"]["submittedAt"] for n in ["wait-c", "wait-b", "wait-a"]]
+        assert written == ["2024-05-01T12:00:10.999000Z", "2024-05-01T12:00:10.999001Z",
+                           "2024-05-01T12:00:10.999002Z"]  # fmt: skip
+        w.clock.now = T0 + 60
+        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        await rebuild(again)
+        assert dispatch_order(w, again) == ["wait-c", "wait-b", "wait-a"], "the takeover reordered them"
 
     asyncio.run(scenario())
