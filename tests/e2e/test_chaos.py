@@ -60,5 +60,10 @@ def test_a_round_of_chaos_breaks_no_promise(cluster: Cluster, no_operator: None)
     for kind in ("leader", "bridge-pod", "backend-pod"):
         row = by_fault[kind]
         assert row.get("bridge refused", 0) == 0 and row.get("kubectl refused", 0) == 0, (kind, row, report["refusals"])
+    # A restart the bridge's bound (30 s) covers refuses no call. In policy mode the cluster refuses creates
+    # for the restart and then until its policies are set up (25-34 s measured), which can outlast the bound:
+    # kubectl's refusals, one every half second, say how long it was.
     for kind in ("apiserver", "etcd"):
-        assert by_fault[kind].get("bridge refused", 0) == 0, (kind, by_fault[kind], report["refusals"])
+        row = by_fault[kind]
+        if row["refused seconds"].get("kubectl", 0.0) < 28.0:
+            assert row.get("bridge refused", 0) == 0, (kind, row, report["refusals"])
