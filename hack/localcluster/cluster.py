@@ -180,7 +180,7 @@ def _start(layout: Layout, ports: Ports, log: Log, real_node: bool) -> ClusterIn
         )
         write_kubeconfig(layout.kubeconfig, server, layout.pki, "admin")
         clients = ("kube-scheduler", "kube-controller-manager", "kwok") + (
-            ("kubelet", "kube-proxy", "coredns") if real_node else ()
+            ("kubelet", "kube-proxy", "coredns", "kube-router") if real_node else ()
         )
         for comp in clients:
             write_kubeconfig(layout.component_kubeconfig(comp), server, layout.pki, comp)

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -44,6 +45,10 @@ SYSCTLS = (
 # Used by the kubelet, containerd (shim sockets) and libcni whatever their configured roots are.
 FIXED_PATHS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/var/lib/cni", "/run/containerd")
 NFT_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
+# kube-router's firewall: its chains in iptables' filter table (its jumps from INPUT, FORWARD and OUTPUT lead
+# there), and its ipsets. The filter table itself is removed when the node created it.
+FIREWALL_CHAINS = ("KUBE-ROUTER-", "KUBE-NWPLCY-", "KUBE-POD-FW-")
+FIREWALL_SETS = ("KUBE-", "kube-router")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAME = "kubepods"
 DYING_HOLDER_SECONDS = 20.0
@@ -190,6 +195,7 @@ def take(state: Path, log: Log) -> None:
         "sysctls": read_sysctls(),
         "created_paths": [p for p in FIXED_PATHS if not os.path.lexists(p)],
         "procs": [],
+        "filter_table": ("ip", "filter") in _nft_tables(),
     }
     save_record(rec)
     _ip("link", "add", BRIDGE, "type", "bridge")
@@ -265,12 +271,57 @@ def shim_pids(socket: str) -> list[int]:
     return pids
 
 
-def nft_tables() -> list[tuple[str, str]]:
+def _nft_tables() -> set[tuple[str, ...]]:
     if shutil.which("nft") is None:
-        return []
+        return set()
     out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False).stdout
-    found = {tuple(line.split()[1:3]) for line in out.splitlines() if line.startswith("table ")}
+    return {tuple(line.split()[1:3]) for line in out.splitlines() if line.startswith("table ")}
+
+
+def nft_tables() -> list[tuple[str, str]]:
+    found = _nft_tables()
     return [t for t in NFT_TABLES if t in found]
+
+
+def firewall_left() -> list[str]:
+    """kube-router's chains and ipsets still on the host."""
+    chains = [c for c in _filter_chains() if c.startswith(FIREWALL_CHAINS)]
+    return chains + _firewall_sets()
+
+
+def _filter_chains() -> list[str]:
+    return [line[1:].split()[0] for line in _filter_rules() if line.startswith(":")]
+
+
+def _filter_rules() -> list[str]:
+    if shutil.which("iptables-save") is None:
+        return []
+    out = subprocess.run(["iptables-save", "-t", "filter"], capture_output=True, text=True, check=False).stdout
+    return out.splitlines()
+
+
+def _firewall_sets() -> list[str]:
+    if shutil.which("ipset") is None:
+        return []
+    out = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, check=False).stdout
+    return [name for name in out.split() if name.startswith(FIREWALL_SETS)]
+
+
+def _drop_firewall(created_filter_table: bool) -> None:
+    """Remove kube-router's jumps, chains and ipsets (its own --cleanup-config also deletes every IPVS
+    service on the host), then the filter table if the node created it and nothing else is in it."""
+    ours = [c for c in _filter_chains() if c.startswith(FIREWALL_CHAINS)]
+    for line in _filter_rules():
+        words = shlex.split(line)
+        if words[:1] == ["-A"] and words[1] not in ours and "-j" in words and words[words.index("-j") + 1] in ours:
+            subprocess.run(["iptables", "-t", "filter", "-D", *words[1:]], capture_output=True, check=False)
+    for flag in ("-F", "-X"):
+        for chain in ours:
+            subprocess.run(["iptables", "-t", "filter", flag, chain], capture_output=True, check=False)
+    for name in _firewall_sets():
+        subprocess.run(["ipset", "destroy", name], capture_output=True, check=False)
+    if created_filter_table and not any(line.startswith("-A") for line in _filter_rules()):
+        subprocess.run(["nft", "delete", "table", "ip", "filter"], capture_output=True, check=False)
 
 
 def give_back(rec: dict[str, Any], socket: str, log: Log) -> list[str]:
@@ -293,6 +344,8 @@ def give_back(rec: dict[str, Any], socket: str, log: Log) -> list[str]:
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
     for family, table in nft_tables():
         subprocess.run(["nft", "delete", "table", family, table], capture_output=True, check=False)
+    _drop_firewall(created_filter_table=not rec.get("filter_table", True))
+    left += [f"firewall {name}" for name in firewall_left()]
     for path in [*rec.get("created_paths", []), str(RUNTIME_DIR)]:
         if os.path.lexists(path):
             shutil.rmtree(path, ignore_errors=True)
@@ -301,7 +354,7 @@ def give_back(rec: dict[str, Any], socket: str, log: Log) -> list[str]:
     write_sysctls(rec.get("sysctls", {}))
     with contextlib.suppress(FileNotFoundError):
         _record_path().unlink()
-    log("host: bridge, mounts, cgroups, nft tables and host paths removed; sysctls restored")
+    log("host: bridge, mounts, cgroups, nft tables, firewall and host paths removed; sysctls restored")
     return left
 
 

@@ -1,6 +1,7 @@
-"""The real node `gpu-0`: containerd (with runc and the CNI bridge), the kubelet and kube-proxy, joined to
-the local control plane. `make cluster-up` starts it; `make cluster-up NODE=kwok` (GPULANE_NODE=kwok) makes
-gpu-0 a kwok node instead, for machines where it cannot run (not root, no runc).
+"""The real node `gpu-0`: containerd (with runc and the CNI bridge), the kubelet, kube-proxy and kube-router's
+firewall (NetworkPolicies are enforced, as on k3s), joined to the local control plane. `make cluster-up`
+starts it; `make cluster-up NODE=kwok` (GPULANE_NODE=kwok) makes gpu-0 a kwok node instead, for machines
+where it cannot run (not root, no runc).
 
 Each setting below avoids an error seen on this machine kind; docs/development.md lists them.
 """
@@ -22,7 +23,7 @@ from .control_plane import node_ready
 from .errors import ClusterError, Log
 from .health import api_request, http_check, http_get, wait_for
 from .images import PAUSE_IMAGE, Image, import_images
-from .layout import GPU_NODE, GPU_RESOURCE, Layout, node_mode
+from .layout import GPU_NODE, GPU_RESOURCE, SERVICE_CIDR, Layout, node_mode
 from .processes import Proc, proc_alive
 from .state import ClusterInfo
 
@@ -34,8 +35,9 @@ NODE_BINARIES = (
     "containerd-shim-runc-v2",
     "ctr",
     "coredns",
+    "kube-router",
 )
-NODE_COMPONENTS = ("containerd", "coredns", "kubelet", "gpu-device-plugin", "kube-proxy")
+NODE_COMPONENTS = ("containerd", "coredns", "kubelet", "gpu-device-plugin", "kube-proxy", "kube-router")
 # The kubelet's device-plugin directory is fixed, whatever its --root-dir (host.FIXED_PATHS has its parent).
 DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/gpulane-gpu.sock")
 KUBELET_PORT = host.KUBELET_PORT
@@ -44,8 +46,10 @@ PROXY_HEALTHZ = 10256
 PROXY_METRICS = 10249
 DNS_HEALTH = 10260
 DNS_READY = 10261
+NETPOL_HEALTH = 10262
 CLUSTER_DOMAIN = "cluster.local"
 DNS_USER = "gpulane:coredns"
+NETPOL_USER = "gpulane:kube-router"
 CNI_BIN_DIR = "/usr/lib/cni"
 RUNC = "/usr/sbin/runc"
 
@@ -55,32 +59,20 @@ CLIENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kube-proxy": ("system:kube-proxy", ()),  # bound to system:node-proxier by the bootstrap policy
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",)),  # logs, exec
     "coredns": (DNS_USER, ()),  # bound to the ClusterRole below, nothing more
+    "kube-router": (NETPOL_USER, ()),  # likewise
 }
 # What CoreDNS's kubernetes plugin watches (with `pods disabled`, the default): no pods, no get, no writes.
-DNS_RBAC: tuple[tuple[str, dict[str, Any]], ...] = (
-    (
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": DNS_USER},
-            "rules": [
-                {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["list", "watch"]},
-                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
-            ],
-        },
-    ),
-    (
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": DNS_USER},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": DNS_USER},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": DNS_USER}],
-        },
-    ),
-)
+DNS_RULES = [
+    {"apiGroups": [""], "resources": ["services", "namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+]
+# What kube-router's firewall reads to turn NetworkPolicies into iptables rules; it writes nothing.
+NETPOL_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "namespaces", "nodes", "services", "endpoints"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]},
+]  # fmt: skip
 
 
 def enabled() -> bool:
@@ -96,7 +88,8 @@ def ctr_command(bindir: Path) -> list[str]:
 
 
 def check_prerequisites() -> None:
-    needed = (RUNC, f"{CNI_BIN_DIR}/bridge", f"{CNI_BIN_DIR}/host-local", f"{CNI_BIN_DIR}/loopback", "/usr/sbin/nft")
+    needed = (RUNC, f"{CNI_BIN_DIR}/bridge", f"{CNI_BIN_DIR}/host-local", f"{CNI_BIN_DIR}/loopback", "/usr/sbin/nft",
+              "/usr/sbin/iptables", "/usr/sbin/ipset")  # fmt: skip
     missing = [p for p in needed if not os.path.exists(p)]
     if missing:
         raise ClusterError(f"the real node needs {', '.join(missing)}: run `make node-deps` (Debian packages)")
@@ -258,6 +251,20 @@ def _argv(layout: Layout, bindir: Path) -> dict[str, list[str]]:
             "--node-labels=gpulane.dev/gpu=true,type=real",
         ],
         "gpu-device-plugin": [str(bindir / "gpu-device-plugin"), f"--resource={GPU_RESOURCE}", "--count=1"],
+        # Its firewall only: the CNI bridge routes, kube-proxy serves Services.
+        "kube-router": [
+            str(bindir / "kube-router"),
+            f"--kubeconfig={layout.component_kubeconfig('kube-router')}",
+            "--run-firewall=true",
+            "--run-router=false",
+            "--run-service-proxy=false",
+            "--enable-cni=false",
+            "--enable-ipv6=false",
+            f"--hostname-override={GPU_NODE}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--health-port={NETPOL_HEALTH}",
+            "--metrics-port=0",
+        ],
         "kube-proxy": [
             str(bindir / "kube-proxy"),
             f"--kubeconfig={layout.component_kubeconfig('kube-proxy')}",
@@ -333,7 +340,8 @@ def start(
     node is Ready with the GPU. ``launch(component, argv, pass_fds)`` starts and records a process."""
     argv = _argv(layout, bindir)
     saved = host.load_record() or {}
-    _start_dns(layout, server, argv["coredns"], launch)
+    _grant(layout, server, DNS_USER, DNS_RULES)
+    _start_dns(argv["coredns"], launch)
     imported()
     kubelet: Proc = launch("kubelet", argv["kubelet"], (lock_fd,))
     wait_for(
@@ -360,16 +368,38 @@ def start(
         60,
         proxy,
     )
+    _grant(layout, server, NETPOL_USER, NETPOL_RULES)
+    firewall: Proc = launch("kube-router", argv["kube-router"])
+    wait_for(
+        f"kube-router healthz on :{NETPOL_HEALTH}",
+        http_check(f"http://127.0.0.1:{NETPOL_HEALTH}/healthz"),
+        60,
+        firewall,
+    )
     # The kubelet set its sysctls at container-manager start; put the host's values back.
     host.write_sysctls(saved.get("sysctls", {}))
-    log(f"node {GPU_NODE} is Ready (containerd, CoreDNS, kubelet, device plugin, kube-proxy) with {GPU_RESOURCE}: 1")
+    log(
+        f"node {GPU_NODE} is Ready (containerd, CoreDNS, kubelet, device plugin, kube-proxy, kube-router) "
+        f"with {GPU_RESOURCE}: 1"
+    )
 
 
-def _start_dns(layout: Layout, server: str, argv: list[str], launch: Callable[..., Proc]) -> None:
-    for path, body in DNS_RBAC:
+def _grant(layout: Layout, server: str, user: str, rules: list[dict[str, Any]]) -> None:
+    """A ClusterRole named after ``user`` with ``rules``, bound to that user (a node component's identity)."""
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user}
+    for path, body in (
+        (f"{rbac}/clusterroles", {"kind": "ClusterRole", "rules": rules}),
+        (f"{rbac}/clusterrolebindings", {"kind": "ClusterRoleBinding", "roleRef": ref,
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
+    ):  # fmt: skip
+        body = {"apiVersion": "rbac.authorization.k8s.io/v1", "metadata": {"name": user}, **body}
         code, answer = api_request(layout, server, "POST", path, body)
         if code not in (201, 409):
-            raise ClusterError(f"creating {body['kind']} {DNS_USER} failed: HTTP {code}: {answer}")
+            raise ClusterError(f"creating {body['kind']} {user} failed: HTTP {code}: {answer}")
+
+
+def _start_dns(argv: list[str], launch: Callable[..., Proc]) -> None:
     coredns: Proc = launch("coredns", argv)
     # /ready answers 200 once the kubernetes plugin has listed Services and EndpointSlices.
     wait_for(f"CoreDNS ready on 127.0.0.1:{DNS_READY}", http_check(f"http://127.0.0.1:{DNS_READY}/ready"), 60, coredns)
@@ -388,6 +418,7 @@ def component_health(info: ClusterInfo) -> dict[str, tuple[bool, str]]:
         "gpu-device-plugin": lambda: (DEVICE_PLUGIN_SOCKET.exists(), f"socket {DEVICE_PLUGIN_SOCKET}"),
         "kubelet": lambda: healthz(KUBELET_HEALTHZ),
         "kube-proxy": lambda: healthz(PROXY_HEALTHZ),
+        "kube-router": lambda: healthz(NETPOL_HEALTH),
     }
     by_name = {p.component: p for p in info.procs}
     out: dict[str, tuple[bool, str]] = {}

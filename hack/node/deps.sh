@@ -6,10 +6,11 @@
 #   mmdebstrap                   builds the base and Python image root filesystems (make images)
 #   nftables                     kube-proxy's nftables mode, and the teardown's check for leftover rules
 #   conntrack                    kube-proxy clears stale UDP conntrack entries with it
-#   iptables                     the teardown's check that no iptables rule was left behind
+#   iptables ipset               kube-router's firewall (NetworkPolicies), and the teardown's check that no
+#                                iptables rule was left behind
 #   cmake make g++ binutils      build llama.cpp's llama-server, the e2e suite's real model server
 set -euo pipefail
-PACKAGES=(runc containernetworking-plugins mmdebstrap nftables conntrack iptables cmake make g++ binutils)
+PACKAGES=(runc containernetworking-plugins mmdebstrap nftables conntrack iptables ipset cmake make g++ binutils)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

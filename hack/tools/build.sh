@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the local control-plane tools (kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
-# etcd, kwok, helm) and the real node's (kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr, coredns)
+# etcd, kwok, helm) and the real node's (kubelet, kube-proxy, containerd, containerd-shim-runc-v2, ctr, coredns,
+# kube-router for NetworkPolicies)
 # from the pinned Go tool modules under hack/tools/*, into a cache directory outside the repository. The cache directory is keyed by the pinned versions and a hash of the go.mod/go.sum files,
 # so a warm machine never rebuilds, and a version bump builds into a new directory.
 #
@@ -32,21 +33,26 @@ KWOK_VERSION=$(modver kwok sigs.k8s.io/kwok)
 HELM_VERSION=$(modver helm helm.sh/helm/v3)
 CONTAINERD_VERSION=$(modver containerd github.com/containerd/containerd/v2)
 COREDNS_VERSION=$(modver coredns github.com/coredns/coredns)
-for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CONTAINERD_VERSION COREDNS_VERSION; do
+KUBE_ROUTER_VERSION=$(modver kube-router github.com/cloudnativelabs/kube-router/v2)
+for v in K8S_VERSION ETCD_VERSION KWOK_VERSION HELM_VERSION CONTAINERD_VERSION COREDNS_VERSION KUBE_ROUTER_VERSION; do
   [[ -n ${!v} ]] || die "could not read $v from hack/tools/*/go.mod"
 done
 
 command -v "$GO" >/dev/null 2>&1 || die "'$GO' not found: install Go ($(awk '/^go /{print $2; exit}' "$HERE/kubernetes/go.mod") or newer in the 1.26 line)"
 GO_VERSION=$("$GO" env GOVERSION)
 
-HASH=$(cat "$HERE"/*/go.mod "$HERE"/*/go.sum "$HERE"/kubernetes/gpuplugin/*.go | { echo "recipe=$RECIPE"; cat; } |
-  sha256sum | cut -c1-10)
+# kube-router has a cache key of its own (below): adding or bumping it rebuilds nothing else.
+MAIN_TOOLS=(containerd coredns etcd helm kubernetes kwok)
+HASH=$(for f in go.mod go.sum; do for t in "${MAIN_TOOLS[@]}"; do cat "$HERE/$t/$f"; done; done |
+  cat - "$HERE"/kubernetes/gpuplugin/*.go | { echo "recipe=$RECIPE"; cat; } | sha256sum | cut -c1-10)
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_helm-${HELM_VERSION}_containerd-${CONTAINERD_VERSION}_coredns-${COREDNS_VERSION}_${GO_VERSION}_${HASH}"
 CACHE_ROOT=${GPULANE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpulane/tools}
 KEYDIR="$CACHE_ROOT/$KEY"
 BINDIR="$KEYDIR/bin"
+KR_HASH=$(cat "$HERE"/kube-router/go.mod "$HERE"/kube-router/go.sum | { echo "recipe=$RECIPE"; cat; } | sha256sum | cut -c1-10)
+KR_BINDIR="$CACHE_ROOT/kube-router-${KUBE_ROUTER_VERSION}_${GO_VERSION}_$KR_HASH/bin"
 BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok helm
-  kubelet kube-proxy gpu-device-plugin containerd containerd-shim-runc-v2 ctr coredns)
+  kubelet kube-proxy gpu-device-plugin containerd containerd-shim-runc-v2 ctr coredns kube-router)
 
 missing() {
   local b out=()
@@ -58,8 +64,9 @@ case "${1:-}" in
   --bindir) echo "$BINDIR"; exit 0 ;;
   --check) [[ -z "$(missing)" ]]; exit $? ;;
   --versions)
-    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ncoredns %s\ngo %s\nkey %s\n' \
-      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$COREDNS_VERSION" "$GO_VERSION" "$KEY"
+    printf 'kubernetes %s\netcd %s\nkwok %s\nhelm %s\ncontainerd %s\ncoredns %s\nkube-router %s\ngo %s\nkey %s\n' \
+      "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$HELM_VERSION" "$CONTAINERD_VERSION" "$COREDNS_VERSION" \
+      "$KUBE_ROUTER_VERSION" "$GO_VERSION" "$KEY"
     exit 0 ;;
   "") ;;
   *) die "unknown argument '$1' (use --bindir, --check or --versions)" ;;
@@ -139,6 +146,18 @@ if need coredns; then
   # The module root is CoreDNS's main package; it links every in-tree plugin (the kubernetes one is used).
   gobuild coredns "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" github.com/coredns/coredns
   publish coredns
+fi
+
+if need kube-router; then
+  # Built once per its own key and linked into BINDIR: its go.mod is not part of KEY.
+  if [[ ! -x "$KR_BINDIR/kube-router" ]]; then
+    gobuild kube-router "-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+      github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+    mkdir -p "$KR_BINDIR"
+    mv -f "$STAGE/kube-router" "$KR_BINDIR/kube-router"
+  fi
+  mkdir -p "$BINDIR"
+  ln -sfn "$KR_BINDIR/kube-router" "$BINDIR/kube-router"
 fi
 
 m=$(missing)

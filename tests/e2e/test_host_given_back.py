@@ -41,6 +41,7 @@ class HostSnapshot:
     mounts: list[str]
     nft: str
     iptables: str
+    ipsets: str
     paths: dict[str, bool]
 
     @classmethod
@@ -53,6 +54,7 @@ class HostSnapshot:
             mounts=sorted(mounts),
             nft=subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True, check=True).stdout,
             iptables=_iptables(),
+            ipsets=subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, check=True).stdout,
             paths={p: os.path.lexists(p) for p in (*host.FIXED_PATHS, str(host.RUN_DIR))},
         )
 
@@ -97,7 +99,8 @@ def test_down_gives_the_host_back(stopped: Stopped) -> None:
     assert host.mounts_under((str(stopped.info.state_dir), str(host.RUN_DIR), *host.FIXED_PATHS)) == []
     assert not Path(f"/sys/class/net/{host.BRIDGE}").exists(), "the bridge is left"
     assert host.nft_tables() == [], "kube-proxy's nft tables are left"
-    assert "KUBE-" not in _iptables(), "the kubelet or kube-proxy left iptables chains"
+    assert "KUBE-" not in _iptables(), "the kubelet, kube-proxy or kube-router left iptables chains"
+    assert host.firewall_left() == [], "kube-router's chains or ipsets are left"
     assert host.cgroup_dirs() == [], "kubepods cgroups left"
     for path in [*stopped.record["created_paths"], str(host.RUN_DIR)]:
         assert not os.path.lexists(path), f"{path} is left"
@@ -133,6 +136,7 @@ def test_down_leaves_nothing_behind_even_after_a_killed_run(stopped: Stopped, tm
     assert host.BRIDGE not in after.links and after.links == before.links
     assert after.nft == before.nft
     assert after.iptables == before.iptables
+    assert after.ipsets == before.ipsets
     assert host.cgroup_dirs() == [], "kubepods cgroups left"
     assert after.paths == before.paths
     assert after.sysctls == before.sysctls
