@@ -27,6 +27,7 @@ from kubernetes import client
 
 from gpulane import __version__
 from gpulane.admission import cel
+from gpulane.api.contract import COMPONENT_LABEL, MANAGED_BY
 from gpulane.api.kinds import KINDS
 from gpulane.fakes.backend import fake_bytes
 
@@ -65,7 +66,10 @@ def leftovers(cluster: Cluster, namespace: str, release: str) -> dict[str, str]:
     found = {}
     for kind, scope in [
         ("deployments,services,serviceaccounts,secrets,roles,rolebindings,pods", ["-n", namespace]),
-        ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations", []),
+        (
+            "namespaces,clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations",
+            [],
+        ),
         ("gpupolicies", []),
     ]:
         out = cluster.kubectl("get", kind, *scope, "-l", selector, "-o", "name").stdout.strip()
@@ -82,6 +86,36 @@ def diagnose(cluster: Cluster, namespace: str, release: str) -> str:
         proc = cluster.kubectl("logs", "-n", namespace, "-l", selector, "--tail=15", "--prefix", previous, check=False)
         parts.append(proc.stdout + proc.stderr)
     return "\n".join(parts)
+
+
+def tenant_call(cluster: Cluster, namespace: str, endpoint: str) -> str:
+    """What a plain pod in ``namespace`` on gpu-0 gets when it POSTs a chat completion to ``endpoint`` (a
+    backend's URL) directly: "answered <status>", "refused" when its connection is refused or times out,
+    else "failed <error>"."""
+    script = (
+        "import json, socket, urllib.error, urllib.request\n"
+        f"req = urllib.request.Request('{endpoint}/v1/chat/completions', data=json.dumps("
+        "{'model': 'm', 'messages': [{'role': 'user', 'content': 'no job'}]}).encode(), "
+        "headers={'Content-Type': 'application/json'})\n"
+        "try:\n    print('answered', urllib.request.urlopen(req, timeout=5).status)\n"
+        "except urllib.error.HTTPError as err:\n    print('answered', err.code)\n"
+        "except urllib.error.URLError as err:\n"
+        "    cut = isinstance(err.reason, (ConnectionRefusedError, socket.timeout, TimeoutError))\n"
+        "    print('refused' if cut else f'failed {err.reason!r}')\n"
+        "except TimeoutError:\n    print('refused')\n"
+    )
+    name = f"tenant-{uuid.uuid4().hex[:6]}"
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"restartPolicy": "Never", "nodeSelector": {"kubernetes.io/hostname": localcluster.GPU_NODE},
+                    "containers": [{"name": "call", "image": f"gpulane.local/gpulane:{__version__}",
+                                    "imagePullPolicy": "Never", "command": ["python3", "-c", script]}]}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
+    try:
+        cluster.kubectl("wait", "pod", name, "-n", namespace, "--for=jsonpath={.status.phase}=Succeeded",
+                        "--timeout=60s")  # fmt: skip
+        return cluster.kubectl("logs", name, "-n", namespace).stdout.strip().splitlines()[-1]
+    finally:
+        cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=false", check=False)
 
 
 def remove_release(cluster: Cluster, namespace: str, release: str, fullname: str) -> None:
@@ -108,6 +142,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
     release = f"gl-{tag}"
     fullname = f"{release}-gpulane"
     operator_sa = f"system:serviceaccount:{namespace}:{fullname}-operator"
+    backends = f"{namespace}-backends"  # the chart's namespace for backend pods
     # GpuJobs of this namespace only go through the chart's webhook.
     cluster.kubectl("label", "namespace", namespace, f"{SELECTOR_LABEL}={tag}")
     # The results volume: a hostPath PersistentVolume bound to the claim the values name (gpu-0 is this host).
@@ -180,14 +215,16 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         secret = core_v1.read_namespaced_secret(f"{fullname}-webhook-tls", namespace)
         assert secret.data["ca.crt"] == before
 
-        # 2. The chart's operator dispatches a job onto a kwok lane, its backend pod in the release
-        #    namespace (--namespace), and lets the executor complete it.
+        # 2. The chart's operator dispatches a job onto a kwok lane, its backend pod in the chart's backend
+        #    namespace, with Pod Security baseline enforced, and lets the executor complete it.
+        labels = core_v1.read_namespace(backends).metadata.labels
+        assert labels["pod-security.kubernetes.io/enforce"] == "baseline", labels
         lane = world.lane()
         model = world.model("chart")
         world.job("first", model)
         status = world.wait_phase("first", "Running", timeout=90)
         assert status.get("lane") == lane, status
-        backend = backend_pods(core_v1, namespace)
+        backend = backend_pods(core_v1, backends)
         assert [p.metadata.annotations.get("gpulane.io/lane") for p in backend] == [lane]
         world.wait_events("first", "Dispatched")
         world.complete("first")
@@ -224,7 +261,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         # its Service) -> a GpuJob -> the chart's operator -> a backend pod on gpu-0 that really serves.
         # The kwok lane goes first, so the job can only land on the real one.
         cluster.kubectl("delete", f"gpulanes.gpulane.io/{lane}", "--wait=true")
-        wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the kwok lane's pod gone")
+        wait_until(lambda: not backend_pods(core_v1, backends), timeout=60, what="the kwok lane's pod gone")
         # The webhook refuses a bridge that names its callers' members unless the GpuPolicy trusts its
         # ServiceAccount: the chart's own policy does, from the first call on.
         real_lane, served = world.real_lane(), world.real_model("served")
@@ -241,6 +278,10 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-bridge", "--tail=30").stdout
             raise AssertionError(f"{err}\nthe bridge's log:\n{log}") from err
         assert served in str(answer.choices[0].message.content)
+        # H1: the backend pod that just answered through the bridge refuses a tenant's pod that calls it at the
+        # address a job's status shows (the chart's NetworkPolicy, enforced on gpu-0 as k3s does).
+        endpoint = next(j["status"]["endpoint"] for j in world.jobs() if j["spec"]["model"] == served)
+        assert tenant_call(cluster, namespace, endpoint) == "refused", endpoint
         # The executor, in the namespace the values opted in: a kubectl job with spec.request runs with the
         # chart's namespaced Role only, and its outcome passes the status webhook.
         body = {"model": served, "messages": [{"role": "user", "content": "from kubectl"}]}
@@ -335,13 +376,14 @@ def test_the_chart_installs_gpulane_on_the_real_node(
 
         refusal = wait_until(refused, what="the webhook to refuse the bridge it no longer trusts")
         assert "only identities in the policy's admission.trusted may set spec.member" in refusal
-        [pod] = backend_pods(core_v1, namespace)
+        [pod] = backend_pods(core_v1, backends)
         assert pod.spec.node_name == localcluster.GPU_NODE and pod.metadata.annotations["gpulane.io/lane"] == real_lane
         cluster.kubectl("delete", f"gpulanes.gpulane.io/{real_lane}", "--wait=true")
-        wait_until(lambda: not backend_pods(core_v1, namespace), timeout=60, what="the real lane's pod gone")
+        wait_until(lambda: not backend_pods(core_v1, backends), timeout=60, what="the real lane's pod gone")
 
         # 4. Least privilege: the operator's account may do what it needs and nothing it does not.
-        assert can_i(cluster, operator_sa, "create", "pods", "-n", namespace) == "yes"
+        assert can_i(cluster, operator_sa, "create", "pods", "-n", backends) == "yes"
+        assert can_i(cluster, operator_sa, "create", "pods", "-n", namespace) == "no"
         assert can_i(cluster, operator_sa, "patch", "gpujobs.gpulane.io", "--subresource=status", "-A") == "yes"
         for denied in [
             ("delete", "nodes"),
@@ -366,8 +408,8 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         # The executor's rights exist only where bridge.executeNamespaces put them.
         assert can_i(cluster, bridge_sa, "patch", "gpujobs.gpulane.io", "-n", namespace) == "yes"
         assert can_i(cluster, bridge_sa, "create", "configmaps", "-n", namespace) == "yes"
-        assert can_i(cluster, bridge_sa, "get", "pods", "-n", namespace) == "yes"  # the backend namespace
-        assert can_i(cluster, bridge_sa, "list", "pods", "-n", namespace) == "no"
+        assert can_i(cluster, bridge_sa, "get", "pods", "-n", backends) == "yes"
+        assert can_i(cluster, bridge_sa, "list", "pods", "-n", backends) == "no"
         for elsewhere in ("kube-system", "default"):
             assert can_i(cluster, bridge_sa, "get", "pods", "-n", elsewhere) == "no"
             assert can_i(cluster, bridge_sa, "patch", "gpujobs.gpulane.io", "-n", elsewhere) == "no"
@@ -507,7 +549,7 @@ def test_the_bridges_executor_roles_render_once_per_namespace_with_or_without_ac
     assert roles == sorted(
         (kind, ns, f"r-gpulane-bridge-{what}")
         for kind in ("Role", "RoleBinding")
-        for ns, what in (("film", "executor"), ("studio", "executor"), ("ns", "backends"))
+        for ns, what in (("film", "executor"), ("studio", "executor"), ("ns-backends", "backends"))
     ), roles
     [account] = [d for d in docs if d["kind"] == "ServiceAccount" and "bridge" in d["metadata"]["name"]]
     assert account["metadata"].get("annotations", {}) == annotations
@@ -607,6 +649,8 @@ def test_the_single_node_profile_runs_one_of_everything_with_the_bridge_on_the_n
     assert service["type"] == "NodePort" and service["ports"][0]["nodePort"] == 30890
     older = rendered(cluster, *profile)  # no MutatingAdmissionPolicy v1: the webhook, one replica
     assert older["Deployment", "r-gpulane-webhook"]["spec"]["replicas"] == 1
+    labels = box["Namespace", "ns-backends"]["metadata"]["labels"]  # weights from a hostPath
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged", labels
     [lane] = [d for (kind, _), d in box.items() if kind == "GpuLane"]
     applied = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(lane))
     assert json.loads(applied.stdout)["metadata"]["name"] == "gpu-0"
@@ -626,13 +670,13 @@ def test_two_bridge_replicas_by_default_with_a_disruption_budget(cluster: Cluste
     assert ("PodDisruptionBudget", "r-gpulane-bridge") not in rendered(cluster)  # no bridge, no budget
 
 
-def test_observability_network_policies_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
+def test_observability_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
     bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
-    plain = rendered(cluster, *bridge)
+    plain = rendered(cluster, *bridge, "--set", "networkPolicy.enabled=false")
     assert not {k for k in plain if k[0] in ("ServiceMonitor", "NetworkPolicy")}
     assert ("ConfigMap", "r-gpulane-dashboard") not in plain
     made = rendered(cluster, *bridge, "--set", "metrics.serviceMonitor.enabled=true", "--set",
-                    "metrics.dashboard.enabled=true", "--set", "networkPolicy.enabled=true", "--set-json",
+                    "metrics.dashboard.enabled=true", "--set-json",
                     'networkPolicy.bridgeClientNamespaces=["apps"]', "--set", "tests.apiKey=sk-test")  # fmt: skip
     monitor = made["ServiceMonitor", "r-gpulane"]["spec"]
     assert {e["port"] for e in monitor["endpoints"]} == {"http-metrics", "http"}
@@ -661,10 +705,64 @@ def test_observability_network_policies_and_the_helm_test_are_optional_and_rende
                 assert "ephemeral-storage" in container["resources"][bound], (name, bound)
     # metricsNamespaces was not set: the default lets the namespace `monitoring` scrape (asserted above);
     # [] lets nobody.
-    nobody = rendered(
-        cluster, "--set", "networkPolicy.enabled=true", "--set-json", "networkPolicy.metricsNamespaces=[]"
-    )
+    nobody = rendered(cluster, "--set-json", "networkPolicy.metricsNamespaces=[]")
     assert nobody["NetworkPolicy", "r-gpulane-operator"]["spec"]["ingress"] == []
+
+
+def isolated(docs: dict[tuple[str, str], dict[str, Any]]) -> dict[str, list[str]]:
+    """Each pod the render makes (a Deployment's template, a Pod), by name: the NetworkPolicies of its namespace
+    whose podSelector selects it. The backend pods are the operator's: its labels stand in for them."""
+    policies = [d for (kind, _), d in docs.items() if kind == "NetworkPolicy"]
+    pods = {name: (d["metadata"]["namespace"], d["spec"]["template"]["metadata"]["labels"])
+            for (kind, name), d in docs.items() if kind == "Deployment"}  # fmt: skip
+    pods |= {name: (d["metadata"]["namespace"], d["metadata"]["labels"]) for (kind, name), d in docs.items()
+             if kind == "Pod"}  # fmt: skip
+    namespace = next(d["metadata"]["namespace"] for (kind, _), d in docs.items() if kind == "Role"
+                     and d["metadata"]["name"] == "r-gpulane-operator")  # fmt: skip
+    pods["backend"] = (namespace, {MANAGED_BY: "gpulane", COMPONENT_LABEL: "backend"})
+    return {
+        name: [p["metadata"]["name"] for p in policies if p["metadata"]["namespace"] == ns
+               and p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
+        for name, (ns, labels) in pods.items()
+    }  # fmt: skip
+
+
+def test_backend_pods_get_a_namespace_of_their_own_that_only_the_bridge_reaches(cluster: Cluster) -> None:
+    """Issue 34, H1 and H2: by default the backend pods run in "<release namespace>-backends", which the chart
+    creates with Pod Security baseline enforced, and a NetworkPolicy lets only the release's bridge (and the
+    namespaces named in backendClientNamespaces) call them. Every pod of the render is selected by a policy."""
+    bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys", "--set", "tests.apiKey=k"]
+    docs = rendered(cluster, *bridge)
+    space = docs["Namespace", "ns-backends"]["metadata"]["labels"]
+    assert space["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert "--namespace=ns-backends" in docs["Deployment", "r-gpulane-operator"]["spec"]["template"]["spec"][
+        "containers"][0]["args"]  # fmt: skip
+    assert docs["Role", "r-gpulane-operator"]["metadata"]["namespace"] == "ns-backends"
+    policy = docs["NetworkPolicy", "r-gpulane-backends"]
+    assert policy["metadata"]["namespace"] == "ns-backends"
+    bridge_labels = docs["Deployment", "r-gpulane-bridge"]["spec"]["template"]["metadata"]["labels"]
+    [only] = policy["spec"]["ingress"]
+    [peer] = only["from"]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ns"}}
+    assert peer["podSelector"]["matchLabels"].items() <= bridge_labels.items()
+    assert all(isolated(docs).values()), isolated(docs)  # no pod without a policy (the linters' non-isolated-pod)
+    # An executor namespace of the user's own, and a backend namespace the user names (no Namespace rendered).
+    named = rendered(cluster, *bridge, "--set", "operator.backendNamespace=models", "--set-json",
+                     'networkPolicy.backendClientNamespaces=["executors"]')  # fmt: skip
+    assert not [k for k in named if k[0] == "Namespace"]
+    peers = named["NetworkPolicy", "r-gpulane-backends"]["spec"]["ingress"]
+    assert named["NetworkPolicy", "r-gpulane-backends"]["metadata"]["namespace"] == "models"
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "executors"}}} in peers[1]["from"]
+    assert all(isolated(named).values()), isolated(named)
+    # No bridge: nobody may call a backend pod.
+    alone = rendered(cluster)
+    assert alone["NetworkPolicy", "r-gpulane-backends"]["spec"]["ingress"] == []
+    privileged = rendered(cluster, "--set", "operator.backendPodSecurity=privileged")
+    assert privileged["Namespace", "ns-backends"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
+        "privileged"
+    )
+    bad = cluster.helm("template", "r", str(CHART), "--set", "operator.backendPodSecurity=none", check=False)
+    assert bad.returncode != 0 and "backendPodSecurity" in bad.stderr, bad.stderr
 
 
 def test_the_results_volume_is_a_kept_claim_or_the_users_own(cluster: Cluster) -> None:

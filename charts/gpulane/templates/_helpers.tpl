@@ -62,9 +62,17 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpulane.operator.serv
 {{- default (include "gpulane.bridge.fullname" .) .Values.bridge.serviceAccount.name }}
 {{- end }}
 
-{{/* Where the operator creates backend pods. */}}
+{{/* Where the operator creates backend pods: the one named, else "<release namespace>-backends" (the chart's). */}}
 {{- define "gpulane.backendNamespace" -}}
-{{- default .Release.Namespace .Values.operator.backendNamespace }}
+{{- if .Values.operator.backendNamespace }}
+{{- .Values.operator.backendNamespace }}
+{{- else }}
+{{- $name := printf "%s-backends" .Release.Namespace }}
+{{- if gt (len $name) 63 }}
+{{- fail (printf "the backend namespace %q is longer than 63 characters: name one in operator.backendNamespace" $name) }}
+{{- end }}
+{{- $name }}
+{{- end }}
 {{- end }}
 
 {{/* The webhook's Secret: generated, or the user's. */}}
