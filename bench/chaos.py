@@ -191,9 +191,13 @@ class Chaos:
             selector += f",app.kubernetes.io/instance={self.release}"
         return [
             p
-            for p in self.core.list_namespaced_pod(self.ns, label_selector=selector).items
+            for p in self.core.list_namespaced_pod(self.namespace_of(component), label_selector=selector).items
             if not p.metadata.deletion_timestamp
         ]
+
+    def namespace_of(self, component: str) -> str:
+        """The chart puts backend pods in a namespace of their own."""
+        return f"{self.ns}-backends" if component == "backend" else self.ns
 
     def leader(self) -> str:
         lease = client.CoordinationV1Api(self.api).read_namespaced_lease("gpulane-operator", self.ns)
@@ -303,8 +307,9 @@ class Chaos:
                 time.sleep(0 if victim else 0.5)
             if victim:
                 self.fault(kind, victim)
+                space = self.namespace_of(kind.removesuffix("-pod"))
                 self.cluster.kubectl(
-                    "delete", "pod", victim, "-n", self.ns, "--grace-period=0", "--force", "--wait=false", check=False
+                    "delete", "pod", victim, "-n", space, "--grace-period=0", "--force", "--wait=false", check=False
                 )
             return victim
         if kind == "webhook-outage":
@@ -445,7 +450,7 @@ class Chaos:
         length = f"{self.args.rounds} rounds" if self.args.rounds else f"{self.args.minutes} minutes"
         print(f"chaos run: seed {self.args.seed}, {length}, namespace {self.ns}", file=sys.stderr)
         self.install()
-        watcher = Watcher(self.api, self.record, self.ns, self.ns)
+        watcher = Watcher(self.api, self.record, self.ns, self.namespace_of("backend"))
         workers = [
             threading.Thread(target=f, daemon=True)
             for f in (self.submit, self.call, self.call, self.call, self.chaos, self.supervise)

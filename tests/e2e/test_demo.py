@@ -52,7 +52,8 @@ def test_the_demo_plays_a_film_against_interactive_calls_on_gpu_0(
         assert len(jobs) == plan.shots + len(plan.previews) + len(plan.calls), sorted(by_name)
         assert {j["status"]["phase"] for j in jobs} == {"Succeeded"}, {n: j["status"] for n, j in by_name.items()}
         assert {j["status"]["lane"] for j in jobs} == {release.LANE}
-        pods = tools.get("pods", "-n", release.NAMESPACE, "-l", "app.kubernetes.io/component=backend")["items"]
+        backends = f"{release.NAMESPACE}-backends"  # the chart's namespace for backend pods
+        pods = tools.get("pods", "-n", backends, "-l", "app.kubernetes.io/component=backend")["items"]
         assert pods and {p["spec"]["nodeName"] for p in pods} == {release.LANE}
 
         # The bridge capped the free key's interactive call to its 0, and said so; the studio's was not.
