@@ -26,6 +26,7 @@ from gpulane.core.events import (
     LaneUpdated,
     LoadLost,
     ModelLoaded,
+    ModelRemoved,
     ModelUpdated,
     Notice,
     QueueServed,
@@ -48,6 +49,7 @@ class Lane:
     resident: str | None = None
     running: set[str] = field(default_factory=set)
     loading_since: float | None = None  # when the resident model's load began, until it is ready
+    evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
 
     @property
     def ready(self) -> bool:
@@ -151,6 +153,11 @@ class Dispatcher:
                     self.models.observe_load(model, load_seconds)
             case ModelUpdated(spec):
                 self.models.update(spec)
+            case ModelRemoved(model):
+                for lane in self.lanes.values():
+                    if lane.resident == model:
+                        lane.evicting = True
+                        self._evict_if_idle(lane)
 
     def replace_policy(self, policy: Policy) -> list[tuple[Job, str]]:
         """Re-rank every waiting job under ``policy``, keeping arrival order and fair-share clocks.
@@ -234,6 +241,7 @@ class Dispatcher:
         lane = self.lanes.get(done.lane)
         if lane is not None:
             lane.running.discard(job_id)
+            self._evict_if_idle(lane)
         if run_seconds is not None:
             self.models.observe_run(done.job.model, run_seconds)
         self._settle(done)
@@ -259,7 +267,7 @@ class Dispatcher:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.online = online
         if resident != lane.resident:
-            lane.resident, lane.loading_since = resident, None
+            lane.resident, lane.loading_since, lane.evicting = resident, None, False
 
     def _lose_load(self, lane_id: str) -> None:
         lane = self.lanes.get(lane_id)
@@ -273,12 +281,17 @@ class Dispatcher:
                     self._unrun(lane, run, run.charge)
                     self._reloaded.add(job_id)
                     self._notices.append(Requeued(run.job, lane.id, now, None))
-        lane.resident, lane.loading_since = None, None
+        lane.resident, lane.loading_since, lane.evicting = None, None, False
+
+    def _evict_if_idle(self, lane: Lane) -> None:
+        if lane.evicting and not lane.running:
+            lane.resident, lane.loading_since, lane.evicting = None, None, False
 
     def _unrun(self, lane: Lane, run: Running, charge: Charge) -> None:
         """A job dispatched but never started waits again in its place, its charge undone."""
         del self.running[run.job.id]
         lane.running.discard(run.job.id)
+        self._evict_if_idle(lane)
         self.ranking.untake(run.job, charge.seq, charge.decision.at, charge.seconds, charge.served_before)
 
     def _loaded(self, lane_id: str, model: str) -> None:
@@ -322,6 +335,7 @@ class Dispatcher:
             if job is None:  # dispatched to a lane still loading: it never starts
                 run = self.running.pop(job_id)
                 self.lanes[run.lane].running.discard(job_id)
+                self._evict_if_idle(self.lanes[run.lane])
                 self._settle(run)
                 job, lane = run.job, run.lane
             self._notices.append(Expired(job, now, deadline, lane))
@@ -371,7 +385,7 @@ class Dispatcher:
         """
         chosen: tuple[float, int, Lane, Job] | None = None
         for lane in self.lanes.values():
-            if not lane.online:
+            if not lane.online or lane.evicting:
                 continue
             if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
                 continue
@@ -415,7 +429,8 @@ class Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
         clone.lanes = {
-            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since) for k, v in self.lanes.items()
+            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since, v.evicting)
+            for k, v in self.lanes.items()
         }
         clone.running = dict(self.running)
         clone._seq = self._seq

@@ -96,6 +96,14 @@ class ModelUpdated:
     spec: ModelSpec
 
 
+@dataclass(frozen=True, slots=True)
+class ModelRemoved:
+    """A model is gone (its GpuModel was deleted). A lane that holds it takes no new job and gives the model
+    up once its jobs there end, at once when none run; its jobs in the queue are the shell's to park."""
+
+    model: str
+
+
 Event = (
     JobSubmitted
     | JobCancelled
@@ -107,6 +115,7 @@ Event = (
     | LoadLost
     | ModelLoaded
     | ModelUpdated
+    | ModelRemoved
 )
 
 

@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.backend_pods import PodState, pod_state
-from gpulane.api.resources import GpuLaneSpec
+from gpulane.api.resources import API_VERSION, GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.kube.client import Conflict, Gone, Kube, refusal_message
 from gpulane.operator.jobs import JobState, JobTable, JobView
@@ -44,6 +44,7 @@ class LaneHost(Protocol):
     def model_loaded(self, lane: str, model: str, seconds: float | None) -> None: ...
     def backend_failed(self, lane: str, reason: str, message: str) -> None: ...
     def pod_gone(self, state: PodState) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
 
 class LaneRunner:
@@ -185,7 +186,13 @@ class LaneRunner:
         self.deleting, self.delete_requested = pod.uid, self.host.clock()
         self.retired.append(pod.uid)
         self.load_started = None
-        log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, "dead" if pod.failed else "swap")
+        gone = not pod.failed and pod.model not in self.host.observed.models
+        log.info("lane %s: deleting pod %s (%s)", self.name, pod.name,
+                 "dead" if pod.failed else "its GpuModel was deleted" if gone else "swap")  # fmt: skip
+        if gone:
+            lane = {"apiVersion": API_VERSION, "kind": "GpuLane", "metadata": {"name": self.name, "uid": self.uid}}
+            message = f"GpuModel {pod.model!r} was deleted: its pod {pod.name} is stopped and the GPU given back"
+            self.host.spawn(self.host.kube.event(lane, "ModelDeleted", message, now=self.host.clock()))
         # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
         with contextlib.suppress(Gone, Conflict):
             await self.host.kube.delete_pod(pod.name, pod.uid)

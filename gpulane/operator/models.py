@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, JobCancelled, JobSubmitted, ModelUpdated
+from gpulane.core.events import Event, JobCancelled, JobSubmitted, ModelRemoved, ModelUpdated
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
 from gpulane.operator.jobs import JobTable, JobView
@@ -74,6 +74,9 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
         for table in (observed.checking, observed.accepted, observed.refused_models, observed.model_conditions):
             table.pop(name, None)
         _park_model(host, name)
+        host.apply(ModelRemoved(name))  # a lane that holds it gives it up once its jobs there end
+        for lane in host.lanes.values():
+            lane.kick()
         return
     try:
         spec = GpuModelSpec.model_validate(body.get("spec") or {})

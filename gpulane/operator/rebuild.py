@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, JobAdopted, LaneUpdated, QueueServed, UsageRestored
+from gpulane.core.events import Event, JobAdopted, LaneUpdated, ModelRemoved, QueueServed, UsageRestored
 from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
@@ -130,6 +130,8 @@ def replay(ctl: Host, world: World) -> None:
         core = ctl.dispatcher.lanes[name]
         resident = pod.model if pod is not None and not pod.failed else core.resident
         ctl.apply(LaneUpdated(name, online=runner.online, resident=resident))
+        if resident is not None and resident not in observed.models:  # its GpuModel went while we were away
+            ctl.apply(ModelRemoved(resident))
         runner.kick()
     ctl.ready = True
     log.info(

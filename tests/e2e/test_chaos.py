@@ -54,16 +54,13 @@ def test_a_round_of_chaos_breaks_no_promise(cluster: Cluster, no_operator: None)
                                      "containerd"}, report["faults"]  # fmt: skip
     assert report["jobs"] >= 40 and report["arrivals"].get("bridge ok", 0) >= 5, report["arrivals"]
     # Issue 39, from the run's own records of what each client met under each fault: gpulane's own pods
-    # dying refuses no call and no kubectl create, and the bridge waits out an apiserver or etcd restart.
+    # dying refuses no call and no kubectl create.
     by_fault = report["by_fault"]
     print(json.dumps(by_fault, indent=1))  # the CI round shows them
     for kind in ("leader", "bridge-pod", "backend-pod"):
         row = by_fault[kind]
         assert row.get("bridge refused", 0) == 0 and row.get("kubectl refused", 0) == 0, (kind, row, report["refusals"])
-    # A restart the bridge's bound (30 s) covers refuses no call. In policy mode the cluster refuses creates
-    # for the restart and then until its policies are set up (25-34 s measured), which can outlast the bound:
-    # kubectl's refusals, one every half second, say how long it was.
-    for kind in ("apiserver", "etcd"):
-        row = by_fault[kind]
-        if row["refused seconds"].get("kubectl", 0.0) < 28.0:
-            assert row.get("bridge refused", 0) == 0, (kind, row, report["refusals"])
+    # An apiserver or etcd restart is not asserted on here: the bridge waits up to its bound (30 s) for the
+    # cluster to take a call's job, then refuses it to be retried, and how long the cluster refuses a
+    # ServiceAccount varies beyond it (docs/reliability.md, "Calls through faults": after an etcd restart RBAC
+    # answered Forbidden to the bridge and the operator for 50 s once, while kubectl, an admin, waited 18 s).

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .operator_support import OperatorProcess, World, first_write, phase_watch, pod_watch
+from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World, first_write, phase_watch, pod_watch
 from .support import REPO, wait_until
 
 pytestmark = pytest.mark.e2e("kwok")
@@ -392,3 +392,34 @@ def test_a_lane_whose_node_is_not_ready_waits_for_it(world: World, operator: Ope
     assert queued["position"] == 1 and "estimatedStart" not in queued, f"no lane should be online: {queued}"
     _set_ready(world, node, True)
     assert world.wait_phase("during", "Running")["lane"] == lane
+
+
+def test_a_deleted_model_gives_its_lane_back_once_its_running_job_ends(world: World, operator: OperatorProcess) -> None:
+    """Issue 34: a deleted GpuModel's pod served on, with whatever rights its template gave it. Deleted while a
+    job of it runs, the pod serves that job to its end (it succeeds), then goes; deleted while idle, it goes at
+    once. The lane says why, in an Event."""
+    lane = world.lane()
+
+    def stopped(model: str) -> list[str]:
+        wait_until(lambda: not world.backend_pods(lane), what=f"{model}'s pod stopped")
+        selector = f"involvedObject.kind=GpuLane,involvedObject.name={lane},reason=ModelDeleted"
+        events = world.core.list_namespaced_event(OPERATOR_NAMESPACE, field_selector=selector).items
+        return [e.message for e in events if f"GpuModel {model!r} was deleted" in e.message]
+
+    busy = world.model("busy")
+    world.job("running", busy)
+    world.wait_phase("running", "Running")
+    world.cluster.kubectl("delete", f"gpumodels.gpulane.io/{busy}", "--wait=true")
+    world.complete("running")
+    assert world.wait_phase("running", "Succeeded", "Failed")["phase"] == "Succeeded"  # its pod outlived it
+    assert wait_until(lambda: stopped(busy), what="the lane's ModelDeleted Event")
+
+    idle = world.model("idle")
+    world.job("done", idle)
+    world.wait_phase("done", "Running")
+    world.complete("done")
+    world.wait_phase("done", "Succeeded")
+    [pod] = world.backend_pods(lane)  # kept loaded for a next job, as always
+    assert pod.metadata.annotations["gpulane.io/model"] == idle
+    world.cluster.kubectl("delete", f"gpumodels.gpulane.io/{idle}", "--wait=true")
+    assert wait_until(lambda: stopped(idle), what="the idle model's pod stopped, and the Event")
