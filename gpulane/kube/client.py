@@ -349,9 +349,10 @@ class Kube:
         await self._write("pod-delete", self.core.delete_namespaced_pod, name, self.namespace, body=options)
 
     async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None:
-        """A core/v1 Event on ``involved`` (a GpuJob, or a cluster-scoped object: filed in our namespace)."""
+        """A core/v1 Event on ``involved``: in its namespace, or in ``default`` for a cluster-scoped object (a
+        GpuLane), the one namespace the apiserver accepts for those."""
         meta = involved["metadata"]
-        namespace = meta.get("namespace") or self.namespace
+        namespace = meta.get("namespace") or "default"
         stamp = format_time(now)
         body = {
             "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": namespace},

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World, first_write, phase_watch, pod_watch
+from .operator_support import OperatorProcess, World, first_write, phase_watch, pod_watch
 from .support import REPO, wait_until
 
 pytestmark = pytest.mark.e2e("kwok")
@@ -403,7 +403,7 @@ def test_a_deleted_model_gives_its_lane_back_once_its_running_job_ends(world: Wo
     def stopped(model: str) -> list[str]:
         wait_until(lambda: not world.backend_pods(lane), what=f"{model}'s pod stopped")
         selector = f"involvedObject.kind=GpuLane,involvedObject.name={lane},reason=ModelDeleted"
-        events = world.core.list_namespaced_event(OPERATOR_NAMESPACE, field_selector=selector).items
+        events = world.core.list_namespaced_event("default", field_selector=selector).items  # a cluster-scoped object's
         return [e.message for e in events if f"GpuModel {model!r} was deleted" in e.message]
 
     busy = world.model("busy")
