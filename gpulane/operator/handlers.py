@@ -101,10 +101,14 @@ async def _elected(ctl: Controller, memo: kopf.Memo) -> asyncio.Task[None]:
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if memo.get("elected") is not None:
-        memo.elected.cancel()
+        memo.elected.cancel()  # it closes the fence: no write of ours starts from here
+        await asyncio.gather(memo.elected, return_exceptions=True)
     ctl: Controller | None = memo.get("controller")
     if ctl is not None:
         await ctl.stop()
+        if memo.get("leading", False):  # told to stop while leading: a standby need not wait out the Lease
+            election = memo.election
+            await leader.release(ctl.kube.api, election["namespace"], election["identity"], election["timing"])
         await ctl.kube.close()
     if memo.get("health") is not None:
         await memo.health.cleanup()

@@ -29,6 +29,7 @@ from gpulane import __version__
 from gpulane.admission import cel
 from gpulane.api.contract import COMPONENT_LABEL, MANAGED_BY
 from gpulane.api.kinds import KINDS
+from gpulane.api.times import parse_time
 from gpulane.fakes.backend import fake_bytes
 
 from .operator_support import World
@@ -282,6 +283,36 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         # address a job's status shows (the chart's NetworkPolicy, enforced on gpu-0 as k3s does).
         endpoint = next(j["status"]["endpoint"] for j in world.jobs() if j["spec"]["model"] == served)
         assert tenant_call(cluster, namespace, endpoint) == "refused", endpoint
+        # Failover at the chart's defaults (issue 34): the leader deleted as a rollout does (SIGTERM: it gives
+        # its Lease up), then SIGKILLed in its container as an OOM kill or a crash (its Lease must expire; a
+        # force delete would still send SIGTERM first). Each time a call, made once the Lease has a new holder,
+        # is answered: the standby dispatches.
+        failover = {}
+        for how in ("graceful", "killed"):
+            old = json.loads(cluster.kubectl("get", "lease", "gpulane-operator", "-n", namespace, "-o", "json").stdout)
+            pod = old["spec"]["holderIdentity"].rsplit("-", 1)[0]
+            deleted = time.monotonic()
+            if how == "graceful":
+                cluster.kubectl("delete", "pod", pod, "-n", namespace, "--wait=false")
+            else:
+                container = core_v1.read_namespaced_pod(pod, namespace).status.container_statuses[0].container_id
+                ctr = localcluster.node.ctr_command(cluster.bindir)
+                task = container.removeprefix("containerd://")
+                subprocess.run([*ctr, "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", task], check=True)
+
+            def new_holder(was: str = old["spec"]["holderIdentity"]) -> dict[str, Any] | None:
+                lease = cluster.kubectl("get", "lease", "gpulane-operator", "-n", namespace, "-o", "json").stdout
+                spec: dict[str, Any] = json.loads(lease)["spec"]
+                return spec if spec.get("holderIdentity") not in (None, was) else None
+
+            taken = wait_until(new_holder, timeout=30, interval=0.1, what=f"a standby to lead ({how})")
+            assert served in str(bridge.chat.completions.create(model=served, messages=hello).choices[0].message)
+            failover[how] = round(time.monotonic() - deleted, 1)
+            # Released, it is taken before it could expire; left to expire, not before (the old leader renewed
+            # at the renewTime read, or later).
+            early = (parse_time(taken["acquireTime"]) or 0.0) < (parse_time(old["spec"]["renewTime"]) or 0.0) + 6
+            assert early == (how == "graceful"), (how, old["spec"], taken)
+        print(f"from the leader's deletion to a call answered by the standby: {failover} (Lease 6 s)")
         # The executor, in the namespace the values opted in: a kubectl job with spec.request runs with the
         # chart's namespaced Role only, and its outcome passes the status webhook.
         body = {"model": served, "messages": [{"role": "user", "content": "from kubectl"}]}

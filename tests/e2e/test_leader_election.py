@@ -24,6 +24,10 @@ ELECTION = ("--leader-elect", "--leader-elect-namespace", OPERATOR_NAMESPACE, "-
             "--leader-elect-renew-deadline-seconds", "3", "--leader-elect-retry-seconds", "1")  # fmt: skip
 
 
+# The chart's defaults (values.yaml, operator.leaderElection), the operator's too.
+DEFAULTS = ("--leader-elect", "--leader-elect-namespace", OPERATOR_NAMESPACE)
+
+
 def leads(proc: OperatorProcess) -> bool:
     return proc.metrics().get("gpulane_leader") == 1.0
 
@@ -136,3 +140,44 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
             proc.stop()
         cluster.kubectl("delete", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
         operator.start()  # the world's cleanup needs an operator (finalizers)
+
+
+def test_a_leader_told_to_stop_gives_the_lease_up_and_the_standby_dispatches_without_waiting_it_out(
+    cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Issue 34: a rollout's SIGTERM to the leading replica left its Lease to expire (16.3 s to the next
+    dispatch, at the chart's old 15 s Lease). Now the leader gives it up once its writes have stopped, and the
+    standby takes it before the Lease could have expired: its acquireTime comes before the stopped leader's last
+    renewTime plus the lease duration. With the default timings (6/4/1)."""
+    operator.stop()
+    cluster.kubectl("delete", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
+    replicas: list[OperatorProcess] = []
+    try:
+        replicas.append(a := OperatorProcess(cluster, tmp_path, *DEFAULTS).start())
+        wait_until(lambda: leads(a), what="the first replica to lead")
+        replicas.append(b := OperatorProcess(cluster, tmp_path, *DEFAULTS).start())
+        lane, model = world.lane(), world.model("m")
+        world.job("first", model)
+        world.wait_phase("first", "Running")
+        world.job("next", model)
+        wait_until(lambda: world.status("next").get("position") == 1, what="the next job queued")
+        assert leads(a) and not leads(b)
+        before = lease_spec(cluster)  # A renews every second: its last renewal is this one or later
+        stopping, told = time.monotonic(), time.time()
+        a.stop()  # SIGTERM, as a rollout or a drain sends it (it returns once A has exited)
+        assert "released the Lease" in a.log_path.read_text(), a.log_tail()
+        last_renewal = parse_time(before["renewTime"]) or 0.0
+        world.complete("first")
+        running = world.wait_phase("next", "Running", timeout=30)
+        took = time.monotonic() - stopping
+        assert running["lane"] == lane and leads(b)
+        taken = lease_spec(cluster)
+        acquired = parse_time(taken["acquireTime"]) or 0.0
+        print(f"from the leader's SIGTERM: the standby took the Lease in {acquired - told:.1f}s; the next job, "
+              f"dispatched once A had exited and its predecessor ended, Running after {took:.1f}s")  # fmt: skip
+        assert acquired < last_renewal + 6, (before, taken)  # taken before the Lease could expire
+    finally:
+        for proc in replicas:
+            proc.stop()
+        cluster.kubectl("delete", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "--ignore-not-found")
+        operator.start()
