@@ -208,6 +208,9 @@ class GpuModelSpec(CamelModel):
     # Starting points for estimates until gpulane has observed real loads and runs.
     expected_load_seconds: int | None = Field(default=None, ge=0, le=86400)
     expected_run_seconds: int | None = Field(default=None, ge=0, le=MAX_RUN_SECONDS)
+    # After this many seconds with no job for it, a lane stops the model's pod and gives the GPU back
+    # (llama-swap's ttl); the next job loads it again. Unset: it stays loaded until another model needs the lane.
+    ttl_seconds: int | None = Field(default=None, ge=1, le=604800)
     # How to run any model server: volumes (weights), /dev/shm, env from Secrets, runtimeClassName, probes,
     # a security context... image, command, args, env and port above are a shorthand for its serving
     # container, and win over it (docs/models.md).

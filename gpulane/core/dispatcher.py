@@ -31,6 +31,7 @@ from gpulane.core.events import (
     Notice,
     QueueServed,
     Requeued,
+    Unloaded,
     UsageRestored,
 )
 from gpulane.core.jobs import Job, ModelCatalog
@@ -50,6 +51,7 @@ class Lane:
     running: set[str] = field(default_factory=set)
     loading_since: float | None = None  # when the resident model's load began, until it is ready
     evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
+    idle_since: float | None = None  # when its last job ended, its model still loaded (for the model's ttl)
 
     @property
     def ready(self) -> bool:
@@ -194,11 +196,13 @@ class Dispatcher:
         return notices
 
     def next_deadline(self) -> float | None:
-        """The earliest queue deadline of a job not started yet: call ``decide`` then to expire it."""
+        """The earliest queue deadline of a job not started yet, or of a lane idle up to its model's ttl: call
+        ``decide`` then, to expire the job or unload the model."""
         heap = self._deadline_heap
         while heap and self._deadlines.get(heap[0][2]) != heap[0][:2]:
             heapq.heappop(heap)
-        return heap[0][0] if heap else None
+        idle = [d for lane in self.lanes.values() if (d := self._idle_deadline(lane)) is not None]
+        return min([*idle, *([heap[0][0]] if heap else [])], default=None)
 
     @property
     def pending_count(self) -> int:
@@ -258,7 +262,7 @@ class Dispatcher:
         self.ranking.remove(job.id)
         self._forget(job.id)
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
-        lane.resident, lane.loading_since = job.model, None
+        lane.resident, lane.loading_since, lane.idle_since = job.model, None, None
         lane.running.add(job.id)
         self.running[job.id] = Running(job, lane_id, started_at)
         self.ranking.note_served(job.member, job.priority, started_at)
@@ -268,6 +272,8 @@ class Dispatcher:
         lane.online = online
         if resident != lane.resident:
             lane.resident, lane.loading_since, lane.evicting = resident, None, False
+            lane.idle_since = None
+        self._evict_if_idle(lane)  # a model found loaded with no job (a rebuild): its idle time starts now
 
     def _lose_load(self, lane_id: str) -> None:
         lane = self.lanes.get(lane_id)
@@ -281,11 +287,30 @@ class Dispatcher:
                     self._unrun(lane, run, run.charge)
                     self._reloaded.add(job_id)
                     self._notices.append(Requeued(run.job, lane.id, now, None))
-        lane.resident, lane.loading_since, lane.evicting = None, None, False
+        lane.resident, lane.loading_since, lane.evicting, lane.idle_since = None, None, False, None
 
     def _evict_if_idle(self, lane: Lane) -> None:
-        if lane.evicting and not lane.running:
-            lane.resident, lane.loading_since, lane.evicting = None, None, False
+        """A lane whose last job just left: it drops a removed model, else its idle time starts."""
+        if lane.running:
+            return
+        if lane.evicting:
+            lane.resident, lane.loading_since, lane.evicting, lane.idle_since = None, None, False, None
+        if lane.resident is not None and lane.idle_since is None:
+            lane.idle_since = self.clock()
+
+    def _unload_idle(self, now: float) -> None:
+        """Lanes idle past their model's ttl give the model up."""
+        for lane in self.lanes.values():
+            due = self._idle_deadline(lane)
+            if due is not None and due <= now and lane.resident is not None and lane.idle_since is not None:
+                self._notices.append(Unloaded(lane.id, lane.resident, now - lane.idle_since, now))
+                lane.resident, lane.loading_since, lane.idle_since = None, None, None
+
+    def _idle_deadline(self, lane: Lane) -> float | None:
+        if lane.running or lane.resident is None or lane.idle_since is None:
+            return None
+        ttl = self.models.get(lane.resident).ttl_seconds
+        return None if ttl is None else lane.idle_since + ttl
 
     def _unrun(self, lane: Lane, run: Running, charge: Charge) -> None:
         """A job dispatched but never started waits again in its place, its charge undone."""
@@ -313,6 +338,7 @@ class Dispatcher:
         """Dispatch whatever the lanes have room for (``handle`` and ``handle_all`` end with this)."""
         now = self.clock()
         self._expire(now)
+        self._unload_idle(now)
         if self.policy.load_yield:
             self._yield_loads(now)
         decisions: list[Dispatch] = []
@@ -413,6 +439,7 @@ class Dispatcher:
         if load:
             lane.resident, lane.loading_since = job.model, now
         lane.running.add(job.id)
+        lane.idle_since = None
         decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
         charge = Charge(decision, seq, expected, served_before, self._seq)
         started = now if lane.ready else None
@@ -429,7 +456,7 @@ class Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
         clone.lanes = {
-            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since, v.evicting)
+            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since, v.evicting, v.idle_since)
             for k, v in self.lanes.items()
         }
         clone.running = dict(self.running)

@@ -135,6 +135,17 @@ class Dispatch:
 
 
 @dataclass(frozen=True, slots=True)
+class Unloaded:
+    """``lane`` gave ``model`` up after ``idle`` seconds with no job for it (the model's ttl): the lane is empty,
+    and the next job loads a model afresh."""
+
+    lane: str
+    model: str
+    idle: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Expired:
     """``job`` waited past its queue deadline and left the queue (Failed, reason QueueTimeout).
 
@@ -162,4 +173,4 @@ class Requeued:
 
 
 # What the dispatcher did on its own, besides dispatching: ``Dispatcher.take_notices``.
-Notice = Expired | Requeued
+Notice = Expired | Requeued | Unloaded

@@ -27,6 +27,8 @@ class ModelSpec:
     max_concurrency: int = 1
     load_seconds: float = 60.0
     run_seconds: float = 60.0
+    # A lane idle this long with the model loaded gives it up (llama-swap's ttl); None keeps it loaded.
+    ttl_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
@@ -36,6 +38,8 @@ class ModelSpec:
         for what, value in (("load", self.load_seconds), ("run", self.run_seconds)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"model {self.name!r}: {what} seconds must be a finite number >= 0, got {value}")
+        if self.ttl_seconds is not None and not (math.isfinite(self.ttl_seconds) and self.ttl_seconds > 0):
+            raise ValueError(f"model {self.name!r}: ttl seconds must be a finite number > 0, got {self.ttl_seconds}")
 
 
 class ModelCatalog:

@@ -30,10 +30,12 @@ from gpulane.api.resources import API_VERSION, GpuModelSpec
 from gpulane.importers.pod_rewrites import SECRET, Environment, Import, bind_anywhere, host_mounts, server_of
 
 DEFAULT_START_PORT = 5800  # llama-swap's startPort: ${PORT}; each GpuModel is a pod of its own
+MAX_TTL = 604800  # GpuModel.spec.ttlSeconds' bound: a week
 MACRO = re.compile(r"\$\{([A-Za-z0-9_.-]+)\}")
 NAME_CHARS = re.compile(r"[^a-z0-9.-]+")
 PARALLEL_FLAGS = ("--parallel", "-np")  # llama-server's slots: how many jobs it serves at once
-BACKEND_NAMESPACE = "gpulane-system"  # where backend pods run (the operator's --namespace), by default
+# Where backend pods run (the operator's --namespace): the chart's, for a release in gpulane-system.
+BACKEND_NAMESPACE = "gpulane-system-backends"
 # Top-level keys that configure llama-swap itself, and what gpulane does instead.
 GLOBAL_KEYS = {
     "logLevel": "the operator and the bridge log with --verbose",
@@ -46,7 +48,6 @@ GLOBAL_KEYS = {
     "performance": "no performance page",
     "sendLoadingState": "a queued stream gets SSE comments with its position instead",
     "includeAliasesInList": "the bridge always lists aliases in /v1/models, each as an entry of its own",
-    "globalTTL": "a lane keeps its model while jobs need it and swaps only for a better-scoring job",
     "unloadTimeout": "a backend pod gets terminationGracePeriodSeconds 5",
     "apiKeys": "the bridge's keys file (docs/bridge.md) gives each key a member, a tier and a priority cap",
     "groups": "one model per GPU lane at a time; several lanes serve side by side",
@@ -215,7 +216,7 @@ def from_container_run(words: list[str], where: str, out: Import) -> tuple[dict[
 def model_manifest(
     model_id: str, raw: Mapping[str, Any], macros: Mapping[str, str], images: Mapping[str, str],
     environ: Environment, start_port: int, health_timeout: int | None, out: Import, runtime_class: str | None = None,
-    weights_roots: tuple[str, ...] = (),
+    weights_roots: tuple[str, ...] = (), default_ttl: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     where = f"models.{model_id}"
     table = macro_table(raw.get("macros"), f"{where}.macros", macros, environ)
@@ -301,8 +302,13 @@ def model_manifest(
         spec["maxConcurrency"] = slots
     if health_timeout is not None:
         spec["loadTimeoutSeconds"] = max(15, health_timeout)
-    if "ttl" in raw:
-        out.warn(f"{where}.ttl", "a lane keeps its model while jobs need it and swaps only for a better-scoring job")
+    ttl = raw.get("ttl", default_ttl)
+    if ttl is not None:
+        seconds = ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None
+        if seconds is None or seconds < 0:
+            out.warn(f"{where}.ttl", f"{ttl!r} is not a number of seconds; the model stays loaded")
+        elif seconds > 0:  # 0 is llama-swap's "never unload"
+            spec["ttlSeconds"] = min(seconds, MAX_TTL)
     if "concurrencyLimit" in raw:
         out.warn(f"{where}.concurrencyLimit", "gpulane queues every call (the bridge's --max-queued caps the queue); "
                  "maxConcurrency is the server's parallel slots (llama-server --parallel)")  # fmt: skip
@@ -376,7 +382,7 @@ def convert(
         if key in config:
             out.warn(key, _ignore_paths(config[key]) if key == "upstream" else why)
     for key in config:
-        if key not in GLOBAL_KEYS and key not in ("models", "macros", "startPort", "healthCheckTimeout"):
+        if key not in GLOBAL_KEYS and key not in ("models", "macros", "startPort", "healthCheckTimeout", "globalTTL"):
             out.warn(str(key), "not a key of llama-swap's configuration; ignored")
     manifests = []
     for model_id, raw in config["models"].items():
@@ -384,7 +390,7 @@ def convert(
             raise NotLlamaSwap(f"models.{model_id}: a model is a mapping")
         manifests.append(model_manifest(str(model_id), raw, macros, images, environ, start_port,
                                         int(health) if health is not None else None, out, runtime_class,
-                                        weights_roots))  # fmt: skip
+                                        weights_roots, config.get("globalTTL")))  # fmt: skip
     return manifests, out.warnings
 
 
@@ -429,12 +435,27 @@ def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: pri
         return 1
     for line in warnings:
         warn(f"warning: {line}")
+    if mounted := sorted({p for m in manifests for p in host_paths(m)}):
+        where = (
+            "the values set operator.backendPodSecurity: privileged"
+            if args.values
+            else ("apply them where Pod Security allows it (the chart: operator.backendPodSecurity: privileged)")
+        )
+        warn(f"note: the models mount host paths ({', '.join(mounted)}), which Pod Security's baseline refuses: "
+             f"{where}; gpulane's own rules still refuse privileged containers and the host's own paths")  # fmt: skip
     if environ.referenced:
         literals = " ".join(f'--from-literal={n}="${n}"' for n in sorted(environ.referenced))
-        warn(f"note: create the Secret before the models, from this shell's values (none is printed): "
+        warn(f"note: create the Secret in the backend pods' namespace (the chart creates it at install; a pod "
+             f"started before the Secret exists waits for it), from this shell's values (none is printed): "
              f"kubectl create secret generic {args.secret} -n {args.namespace} {literals}")  # fmt: skip
     sys.stdout.write(render(manifests, args.node, as_values=args.values))
     return 0
+
+
+def host_paths(manifest: dict[str, Any]) -> list[str]:
+    """The host paths a GpuModel's pods mount."""
+    volumes = ((manifest["spec"].get("template") or {}).get("spec") or {}).get("volumes") or []
+    return [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
 
 
 def render(manifests: list[dict[str, Any]], node: str | None, *, as_values: bool) -> str:
@@ -444,6 +465,8 @@ def render(manifests: list[dict[str, Any]], node: str | None, *, as_values: bool
         values: dict[str, Any] = {"models": [{"name": m["metadata"]["name"], "spec": m["spec"]} for m in manifests]}
         if lanes:
             values["lanes"] = lanes
+        if any(host_paths(m) for m in manifests):  # Pod Security baseline, the chart's default, refuses them
+            values["operator"] = {"backendPodSecurity": "privileged"}
         return yaml.safe_dump(values, sort_keys=False, width=120)
     docs = [{"apiVersion": API_VERSION, "kind": "GpuLane", "metadata": {"name": lane["name"]}, "spec": lane["spec"]}
             for lane in lanes]  # fmt: skip

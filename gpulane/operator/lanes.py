@@ -63,6 +63,7 @@ class LaneRunner:
         self.conditions: list[dict[str, Any]] = []
         self.generation = generation
         self.node_problem: str | None = None  # why its node cannot serve now (nodes.py); offline while set
+        self.gave_back: str | None = None  # why it holds no model: its last one idled past its ttl
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -84,6 +85,11 @@ class LaneRunner:
 
     def kick(self) -> None:
         self._wake.set()
+
+    def say(self, reason: str, message: str) -> None:
+        """A Normal Event on the GpuLane."""
+        lane = {"apiVersion": API_VERSION, "kind": "GpuLane", "metadata": {"name": self.name, "uid": self.uid}}
+        self.host.spawn(self.host.kube.event(lane, reason, message, now=self.host.clock()))
 
     async def _loop(self) -> None:
         while True:
@@ -141,7 +147,7 @@ class LaneRunner:
                 message = f"the apiserver refuses GpuModel {want!r}'s pod: {refusal_message(err)}"
                 host.backend_failed(self.name, "PodRefused", message)
                 return
-            self.load_started = now
+            self.load_started, self.gave_back = now, None
             state = pod_state(created)
             current = host.observed.pods.get(self.name)
             if state is not None and (current is None or current.uid in self.retired):
@@ -187,12 +193,12 @@ class LaneRunner:
         self.retired.append(pod.uid)
         self.load_started = None
         gone = not pod.failed and pod.model not in self.host.observed.models
-        log.info("lane %s: deleting pod %s (%s)", self.name, pod.name,
-                 "dead" if pod.failed else "its GpuModel was deleted" if gone else "swap")  # fmt: skip
+        why = "dead" if pod.failed else "its GpuModel was deleted" if gone else "idle past its ttl" if \
+            self.gave_back else "swap"  # fmt: skip
+        log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, why)
         if gone:
-            lane = {"apiVersion": API_VERSION, "kind": "GpuLane", "metadata": {"name": self.name, "uid": self.uid}}
-            message = f"GpuModel {pod.model!r} was deleted: its pod {pod.name} is stopped and the GPU given back"
-            self.host.spawn(self.host.kube.event(lane, "ModelDeleted", message, now=self.host.clock()))
+            self.say("ModelDeleted", f"GpuModel {pod.model!r} was deleted: its pod {pod.name} is stopped and the GPU "
+                     "given back")  # fmt: skip
         # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
         with contextlib.suppress(Gone, Conflict):
             await self.host.kube.delete_pod(pod.name, pod.uid)

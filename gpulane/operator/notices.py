@@ -7,6 +7,9 @@ operator's table at once, so nothing dispatches or starts it, and then fails wit
 A job whose lane's load yielded to a better newcomer (``loadYield``), or whose lane lost the pod it was
 loading in, is back in the core's queue: here it goes back to waiting too, off its lane, and its status
 to ``Pending``.
+
+A lane idle past its model's ttl has given the model up: here its pod goes (the lane runner sees that the
+core wants none), and the lane says why, in an Event and on its Ready condition.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Protocol
 
 from gpulane.api.times import format_duration
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, Expired, Notice, Requeued
+from gpulane.core.events import Dispatch, Expired, Notice, Requeued, Unloaded
 from gpulane.operator.history import shown_in
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
@@ -53,8 +56,22 @@ def act_on(ctl: Host, notices: list[Notice]) -> None:
     for notice in notices:
         if isinstance(notice, Expired):
             _expired(ctl, notice)
+        elif isinstance(notice, Unloaded):
+            _unloaded(ctl, notice)
         else:
             _requeued(ctl, notice)
+
+
+def _unloaded(ctl: Host, notice: Unloaded) -> None:
+    runner = ctl.lanes.get(notice.lane)
+    if runner is None:
+        return
+    message = (f"GpuModel {notice.model!r} had no job for {format_duration(notice.idle)} (its ttlSeconds): its pod "
+               "is stopped and the GPU given back; the next job loads a model again")  # fmt: skip
+    runner.gave_back = message
+    runner.say("ModelUnloaded", message)
+    ctl.status.lane_dirty(notice.lane)
+    runner.kick()
 
 
 def _expired(ctl: Host, notice: Expired) -> None:

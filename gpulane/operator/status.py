@@ -245,7 +245,7 @@ class StatusWriter:
         elif ready:
             why, message = "BackendReady", f"{pod.name if pod else ''} serves {core.resident if core else ''}"
         elif core is None or core.resident is None:
-            why, message = "NoModel", "no model is loaded; the next dispatch loads one"
+            why, message = "NoModel", runner.gave_back or "no model is loaded; the next dispatch loads one"
         else:
             why, message = "Loading", f"loading {core.resident}"
         runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, host.clock()))

@@ -138,6 +138,7 @@ def model_spec(name: str, spec: GpuModelSpec, status: Body | None, fallback: Mod
         max_concurrency=spec.max_concurrency,
         load_seconds=float(load) if load is not None else fallback.load_seconds,
         run_seconds=float(run) if run is not None else fallback.run_seconds,
+        ttl_seconds=float(spec.ttl_seconds) if spec.ttl_seconds is not None else None,
     )
 
 

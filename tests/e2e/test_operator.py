@@ -423,3 +423,30 @@ def test_a_deleted_model_gives_its_lane_back_once_its_running_job_ends(world: Wo
     assert pod.metadata.annotations["gpulane.io/model"] == idle
     world.cluster.kubectl("delete", f"gpumodels.gpulane.io/{idle}", "--wait=true")
     assert wait_until(lambda: stopped(idle), what="the idle model's pod stopped, and the Event")
+
+
+def test_a_model_idle_past_its_ttl_gives_the_gpu_back_and_the_next_job_loads_it_again(
+    world: World, operator: OperatorProcess
+) -> None:
+    """Issue 33, llama-swap's ttl: GpuModel.spec.ttlSeconds. Idle that long, the lane stops the model's pod
+    and says so (an Event, its Ready condition); the next job loads the model in a new pod."""
+    lane, model = world.lane(), world.model("ttl", ttlSeconds=2)
+    world.job("first", model)
+    world.wait_phase("first", "Running")
+    [first_pod] = world.backend_pods(lane)
+    world.complete("first")
+    world.wait_phase("first", "Succeeded")
+    wait_until(lambda: not world.backend_pods(lane), timeout=30, what="the idle model's pod stopped")
+    selector = f"involvedObject.kind=GpuLane,involvedObject.name={lane},reason=ModelUnloaded"
+    [event] = wait_until(lambda: world.core.list_namespaced_event("default", field_selector=selector).items,
+                         what="the lane's ModelUnloaded Event")  # fmt: skip
+    assert f"GpuModel {model!r} had no job for" in event.message and "ttlSeconds" in event.message
+    ready = wait_until(lambda: next((c for c in world.cluster_status("gpulanes", lane).get("conditions") or []
+                                     if c["type"] == "Ready" and c["reason"] == "NoModel"), None),
+                       what="the lane's Ready condition")  # fmt: skip
+    assert "ttlSeconds" in ready["message"] and world.cluster_status("gpulanes", lane).get("residentModel") is None
+    world.job("second", model)
+    world.wait_phase("second", "Running")
+    [second_pod] = world.backend_pods(lane)
+    assert second_pod.metadata.uid != first_pod.metadata.uid  # loaded again
+    world.complete("second")

@@ -102,14 +102,34 @@ def test_every_key_that_does_not_carry_over_is_one_warning_line_saying_why() -> 
     assert models["sdxl"]["spec"]["readinessPath"] == "/sdapi/v1/options"
     keys = [w.split(":", 1)[0] for w in warnings]
     for key in ("logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer",
-                "sendLoadingState", "includeAliasesInList", "globalTTL", "unloadTimeout", "apiKeys", "hooks",
-                "groups", "upstream", "models.qwen-7b.ttl",
+                "sendLoadingState", "includeAliasesInList", "unloadTimeout", "apiKeys", "hooks",
+                "groups", "upstream",
                 "models.qwen-7b.filters", "models.qwen-7b.concurrencyLimit", "models.qwen-7b.name",
                 "models.qwen-7b.description", "models.qwen-7b.unlisted", "models.qwen-7b.cmdStop",
                 "models.qwen-7b.metadata", "models.qwen-7b.unloadTimeout", "models.sdxl.proxy"):  # fmt: skip
         assert keys.count(key) == 1, (key, warnings)
     assert keys.count("models.sdxl.cmd") == 2, "no image; its loopback address"
     assert all(len(w.split(": ", 1)[1]) > 10 for w in warnings), "each says why"
+    # ttl carries over (issue 33): the model's own, else globalTTL, whose 0 is llama-swap's "never".
+    assert models["qwen-7b"]["spec"]["ttlSeconds"] == 60
+    assert "ttlSeconds" not in models["sdxl"]["spec"] and not [k for k in keys if "ttl" in k.lower()]
+
+
+@pytest.mark.parametrize(
+    ("own", "default", "expected", "warned"),
+    [(None, 300, 300, False), (30, 300, 30, False), (0, 300, None, False), (None, None, None, False),
+     (10**9, None, 604800, False), ("5m", None, None, True), (-1, None, None, True)],
+)  # fmt: skip
+def test_ttl_and_global_ttl_become_ttl_seconds(own: object, default: object, expected: int | None, warned: bool):
+    model: dict[str, object] = {"cmd": "llama-server --port ${PORT} -m /srv/models/a.gguf"}
+    if own is not None:
+        model["ttl"] = own
+    config: dict[str, object] = {"models": {"a": model}}
+    if default is not None:
+        config["globalTTL"] = default
+    [manifest], warnings = convert(config, {"llama-server": "img"})
+    assert manifest["spec"].get("ttlSeconds") == expected
+    assert any(w.startswith("models.a.ttl") for w in warnings) == warned, warnings
 
 
 def test_the_command_prints_manifests_and_warns_on_stderr(
@@ -124,12 +144,13 @@ def test_the_command_prints_manifests_and_warns_on_stderr(
     models = list(yaml.safe_load_all(out))
     assert [d["metadata"]["name"] for d in models] == ["qwen-7b", "qwen-coder-7b", "sdxl"]
     assert all(m["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia" for m in models)
-    *warnings, note = err.splitlines()
-    assert all(line.startswith("warning: ") for line in warnings) and "ttl" in err
+    *warnings, mounts, note = err.splitlines()
+    assert all(line.startswith("warning: ") for line in warnings) and "filters" in err
+    # hostPath weights: Pod Security baseline (the chart's default) refuses them, and the user is told.
+    assert mounts.startswith("note: the models mount host paths (/srv/models)") and "privileged" in mounts
     # What the user runs to make the Secret: the names, read from their shell, never the values.
-    assert note == (
-        "note: create the Secret before the models, from this shell's values (none is printed): "
-        'kubectl create secret generic llama-swap-env -n gpulane-system --from-literal=HF_TOKEN="$HF_TOKEN"'
+    assert note.startswith("note: create the Secret in the backend pods' namespace") and note.endswith(
+        'kubectl create secret generic llama-swap-env -n gpulane-system-backends --from-literal=HF_TOKEN="$HF_TOKEN"'
     )
     assert HF_TOKEN not in out + err
 

@@ -15,7 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, Event, Expired, JobFinished, JobSubmitted, LaneUpdated, ModelLoaded, Notice
+from gpulane.core.events import (
+    Dispatch,
+    Event,
+    Expired,
+    JobFinished,
+    JobSubmitted,
+    LaneUpdated,
+    ModelLoaded,
+    Notice,
+    Unloaded,
+)
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.policy import Policy
 from gpulane.core.ranking import make_ranking
@@ -283,6 +293,8 @@ def simulate(
 
     def notice(note: Notice) -> None:
         nonlocal yields
+        if isinstance(note, Unloaded):
+            return  # an idle lane gave its model up: its next job loads one, as it would anyway
         record = records[note.job.id]
         if note.lane is not None:
             undo(record)
