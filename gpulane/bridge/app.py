@@ -198,10 +198,11 @@ class Bridge:
                          request.method, request.query_string)  # fmt: skip
         model = (await self.queue.models()).resolve(call.model)
         if sum(self._queued.values()) >= self.settings.max_queued:
-            raise CallError(429, "the bridge's queue is full; retry shortly", kind="rate_limit_error", retry_after=1)
+            raise CallError(429, "the bridge's queue is full; retry shortly", kind="rate_limit_error",
+                            code="queue_full", retry_after=1)  # fmt: skip
         if self._queued[identity.member] >= self.settings.max_queued_per_member:
             raise CallError(429, f"member {identity.member!r} has {self.settings.max_queued_per_member} calls waiting",
-                            kind="rate_limit_error", retry_after=1)  # fmt: skip
+                            kind="rate_limit_error", code="member_queue_full", retry_after=1)  # fmt: skip
         return call, model, identity, timeout, run_limit
 
     async def call(self, request: web.Request) -> web.StreamResponse:
@@ -270,7 +271,7 @@ class Bridge:
                     why += f": {state.message}"
                 # A QueueTimeout says so in its code: the caller's own deadline passed, and retrying later may
                 # find a shorter queue.
-                code = "queue_timeout" if state and state.reason == "QueueTimeout" else None
+                code = "queue_timeout" if state and state.reason == "QueueTimeout" else "job_not_run"
                 return await self._fail(response, CallError(503, why, kind="server_error", code=code, retry_after=1))
             body, target = outgoing(call, model, identity.priority)
             return await self._proxy(request, call, Outgoing(model.name, body, target), name, state, headers,

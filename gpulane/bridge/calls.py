@@ -21,13 +21,20 @@ from gpulane.bridge.routes import ModelFrom, route
 MAX_MODEL_FIELD = 253
 
 
+# Each refusal's code, unless it says a more precise one: every error the bridge answers has a type and a code,
+# as OpenAI's do (llama-swap's shed calls too: rate_limit_error), so that clients can branch on them.
+CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "permission_denied", 404: "not_found",
+         413: "request_too_large", 429: "rate_limit_exceeded", 502: "backend_failed", 503: "unavailable"}  # fmt: skip
+
+
 class CallError(Exception):
-    """A call refused before any GpuJob exists; rendered in OpenAI's error format."""
+    """A call refused, or failed, in OpenAI's error format: ``{"error": {message, type, param, code}}``."""
 
     def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", code: str | None = None,
                  param: str | None = None, retry_after: int | None = None) -> None:  # fmt: skip
         super().__init__(message)
-        self.status, self.kind, self.code, self.param, self.retry_after = status, kind, code, param, retry_after
+        self.status, self.kind, self.param, self.retry_after = status, kind, param, retry_after
+        self.code = code or CODES.get(status, "server_error" if status >= 500 else "invalid_request")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}

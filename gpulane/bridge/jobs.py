@@ -90,7 +90,8 @@ def _refusal(err: ApiException) -> CallError:
 
 
 def _unavailable(what: str) -> CallError:
-    return CallError(503, f"the cluster cannot take the job now: {what}", kind="server_error", retry_after=1)
+    return CallError(503, f"the cluster cannot take the job now: {what}", kind="server_error",
+                     code="cluster_unavailable", retry_after=1)  # fmt: skip
 
 
 def _state(obj: dict[str, Any]) -> JobState:

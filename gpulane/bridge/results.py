@@ -22,6 +22,7 @@ from aiohttp import web
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import BRIDGE_AUDIENCE, Body
+from gpulane.bridge.calls import CallError
 from gpulane.kube.client import Gone, Kube
 
 log = logging.getLogger(__name__)
@@ -123,4 +124,5 @@ class ResultReader:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+    kind = {401: "authentication_error", 403: "permission_error"}.get(status, "invalid_request_error")
+    return web.json_response(CallError(status, message, kind=kind).body(), status=status)

@@ -117,3 +117,43 @@ def test_a_backend_the_bridge_may_not_read_queues_the_call_instead_of_a_500() ->
 
     queue = KubeJobQueue(NoPodRights(), "r0")  # type: ignore[arg-type]
     assert asyncio.run(queue.resident("m")) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "body", "status", "kind", "code"),
+    [
+        ("/v1/chat/completions", {}, b"{}", 401, "authentication_error", "invalid_api_key"),
+        ("/v1/chat/completions", {"X-LlamaSwap-Member": "x"}, b"{}", 403, "permission_error", "permission_denied"),
+        ("/v1/chat/completions", {"X-Gpulane-Queue-Timeout": "soon"}, b"{}", 400, "invalid_request_error",
+         "invalid_request"),
+        ("/v1/chat/completions", {}, b"{" * 5000, 413, "invalid_request_error", "request_too_large"),
+        ("/v1/chat/completions", {}, b"[]", 400, "invalid_request_error", "invalid_request"),
+        ("/v1/chat/completions", {}, b'{"model": "nope"}', 404, "invalid_request_error", "model_not_found"),
+        ("/v1/nothing", {}, b"{}", 404, "invalid_request_error", "unknown_url"),
+        ("/v1/chat/completions", {}, b'{"model": "m", "messages": []}', 403, "permission_error", "permission_denied"),
+    ],
+)  # fmt: skip
+def test_every_refusal_is_an_openai_error_with_a_type_and_a_code(
+    path: str, headers: dict[str, str], body: bytes, status: int, kind: str, code: str
+) -> None:
+    """Issue 33: clients branch on `type` and `code` (llama-swap's shed calls answer rate_limit_error), so every
+    refusal carries both, whichever check made it."""
+
+    async def scenario() -> None:
+        bridge = Bridge(RefusingQueue(), KeyRing(KeysFile.model_validate({"keys": [KEY]})),
+                        BridgeSettings(max_body_bytes=1000))  # fmt: skip
+        auth = {} if status == 401 else {"Authorization": f"Bearer {KEY['key']}"}
+        async with TestClient(TestServer(bridge.app())) as http:
+            resp = await http.post(path, data=body, headers={**auth, **headers, "Content-Type": "application/json"})
+            assert resp.status == status, await resp.text()
+            error = (await resp.json())["error"]
+            assert (error["type"], error["code"]) == (kind, code), error
+            assert error["message"]
+
+    asyncio.run(scenario())
+
+
+def test_a_full_queue_is_a_rate_limit_error_saying_which() -> None:
+    assert CallError(429, "x", kind="rate_limit_error").body()["error"]["code"] == "rate_limit_exceeded"
+    assert CallError(503, "x", kind="server_error").body()["error"]["code"] == "unavailable"
+    assert CallError(500, "x", kind="server_error").body()["error"]["code"] == "server_error"
