@@ -187,6 +187,34 @@ class Resources(CamelModel):
 
 # A name a call may use for a GpuModel: any model name a client sends, bounded like an object name.
 ModelAlias = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^\S(.*\S)?$")]
+BodyField = Annotated[str, Field(min_length=1, max_length=128)]
+# A call's fields that are gpulane's to write: which model, and (with priorityPassthrough) its priority.
+OWN_FIELDS = ("model", "priority")
+
+
+class ModelFilters(CamelModel):
+    """What the bridge changes in a call's JSON body before the server gets it (llama-swap's ``filters``):
+    ``stripParams`` removes those fields, then ``setParams`` sets these (an operator's choice wins over the
+    caller's). ``model`` and ``priority`` are gpulane's (useModelName, priorityPassthrough): stripping them is
+    refused, and the bridge never sets them from ``setParams``."""
+
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": {
+            "x-kubernetes-validations": [
+                {"rule": f"!has(self.stripParams) || !self.stripParams.exists(p, p in {list(OWN_FIELDS)})",
+                 "message": "filters.stripParams: model and priority are gpulane's"},
+            ]
+        }
+    }  # fmt: skip
+
+    strip_params: list[BodyField] | None = Field(default=None, max_length=64)
+    set_params: dict[str, Any] | None = Field(default=None, json_schema_extra={"maxProperties": 64})
+
+    @model_validator(mode="after")
+    def _not_ours(self) -> ModelFilters:
+        if taken := sorted(set(self.strip_params or ()) & set(OWN_FIELDS)):
+            raise ValueError(f"filters.stripParams: {', '.join(taken)} are gpulane's")
+        return self
 
 
 class GpuModelSpec(CamelModel):
@@ -220,6 +248,7 @@ class GpuModelSpec(CamelModel):
     aliases: list[ModelAlias] | None = Field(default=None, max_length=32)
     use_model_name: str | None = Field(default=None, min_length=1, max_length=253)
     priority_passthrough: Literal["LowerFirst", "HigherFirst"] | None = None
+    filters: ModelFilters | None = None
 
     @model_validator(mode="after")
     def _an_image(self) -> GpuModelSpec:

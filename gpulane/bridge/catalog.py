@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode
 from pydantic import ValidationError
 
 from gpulane.api.contract import Body
-from gpulane.api.resources import GpuModelSpec
+from gpulane.api.resources import OWN_FIELDS, GpuModelSpec
 from gpulane.bridge.calls import Call, CallError
 
 PASSTHROUGH = ("LowerFirst", "HigherFirst")
@@ -26,6 +26,8 @@ class ServedModel:
     aliases: tuple[str, ...] = ()
     use_model_name: str | None = None
     priority_passthrough: str | None = None  # "LowerFirst" (vLLM) or "HigherFirst" (SGLang)
+    strip_params: tuple[str, ...] = ()  # filters.stripParams: fields removed from a call's JSON body
+    set_params: tuple[tuple[str, Any], ...] = ()  # filters.setParams: fields set in it (model, priority never)
 
     @classmethod
     def of(cls, body: Body) -> ServedModel:
@@ -38,7 +40,11 @@ class ServedModel:
         except ValidationError:  # its passthrough still holds: a caller's own priority must not reach the server
             passthrough = raw.get("priorityPassthrough") if isinstance(raw, dict) else None
             return cls(name, priority_passthrough=passthrough if passthrough in PASSTHROUGH else None)
-        return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough)
+        filters = spec.filters
+        strip = tuple(filters.strip_params or ()) if filters else ()
+        given = (filters.set_params or {}) if filters else {}
+        put = tuple((k, v) for k, v in given.items() if k not in OWN_FIELDS)
+        return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough, strip, put)
 
 
 class Catalog:
@@ -89,19 +95,20 @@ class Catalog:
 def outgoing(call: Call, model: ServedModel, priority: int) -> tuple[bytes, str]:
     """The body and the path (with its query) that the model server gets for ``call``.
 
-    A JSON body's ``model`` becomes the model's ``useModelName``, and with ``priorityPassthrough`` its
-    ``priority`` becomes the call's effective priority (after any cap), in the server's sense: negated for
-    LowerFirst servers, as is for HigherFirst ones. A caller's own ``priority`` never reaches such a
-    server, so it cannot jump the server's queue, not through /upstream either. A query's ``model``
-    parameter gets the ``useModelName`` too; forms and /upstream calls otherwise pass as they are."""
+    A JSON body's ``model`` becomes the model's ``useModelName``, its ``filters`` apply (``shaped``), and
+    with ``priorityPassthrough`` its ``priority`` becomes the call's effective priority (after any cap), in the
+    server's sense: negated for LowerFirst servers, as is for HigherFirst ones. A caller's own ``priority``
+    never reaches such a server, so it cannot jump the server's queue, not through /upstream either. A
+    query's ``model`` parameter gets the ``useModelName`` too; forms otherwise pass as they are."""
     body, target = call.body, call.target
-    if call.source == "json" and (model.use_model_name or model.priority_passthrough):
+    reshapes = bool(model.priority_passthrough or model.strip_params or model.set_params)
+    if call.source == "json" and (model.use_model_name or reshapes):
         payload = json.loads(body)  # read_call checked that it is a JSON object
         if model.use_model_name:
             payload["model"] = model.use_model_name
-        body = json.dumps(with_priority(payload, model, priority)).encode()
-    elif call.source == "path" and model.priority_passthrough and (payload := _json_object(body)) is not None:
-        body = json.dumps(with_priority(payload, model, priority)).encode()
+        body = json.dumps(shaped(payload, model, priority)).encode()
+    elif call.source == "path" and reshapes and (payload := _json_object(body)) is not None:
+        body = json.dumps(shaped(payload, model, priority)).encode()
     elif call.source == "query" and model.use_model_name:
         path, _, query = target.partition("?")
         pairs = [(k, model.use_model_name if k == "model" else v) for k, v in parse_qsl(query, keep_blank_values=True)]
@@ -109,12 +116,14 @@ def outgoing(call: Call, model: ServedModel, priority: int) -> tuple[bytes, str]
     return body, target
 
 
-def with_priority(payload: dict[str, Any], model: ServedModel, priority: int) -> dict[str, Any]:
-    """``payload`` with ``priority`` in the server's sense for a model with ``priorityPassthrough`` (negated for
-    LowerFirst), replacing whatever the caller put there; unchanged for any other model."""
-    if not model.priority_passthrough:
-        return payload
-    return {**payload, "priority": -priority if model.priority_passthrough == "LowerFirst" else priority}
+def shaped(payload: dict[str, Any], model: ServedModel, priority: int) -> dict[str, Any]:
+    """``payload`` as the server gets it: the model's ``filters`` (its ``stripParams`` removed, then its
+    ``setParams`` set), and for a model with ``priorityPassthrough`` the ``priority`` in the server's sense
+    (negated for LowerFirst), replacing whatever the caller put there."""
+    out = {k: v for k, v in payload.items() if k not in model.strip_params} | dict(model.set_params)
+    if model.priority_passthrough:
+        out["priority"] = -priority if model.priority_passthrough == "LowerFirst" else priority
+    return out
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from aiohttp import ClientSession, ClientTimeout
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.backends import NoBackend, lane_backend
-from gpulane.bridge.catalog import Catalog, with_priority
+from gpulane.bridge.catalog import Catalog, shaped
 from gpulane.bridge.jobs import outcome_patch
 from gpulane.bridge.results import ResultStore
 from gpulane.core.priority import parse_priority
@@ -191,8 +191,8 @@ class ManifestExecutor:
             return outcome_patch(False, "output: volume, but this bridge has no results volume (--results-dir)")
         body = request.get("body") or {}
         served = (await self.models()).models.get(spec["model"])
-        if served is not None:  # the job's priority, not one its author wrote into the body (docs/models.md)
-            body = with_priority(body, served, parse_priority(spec.get("priority")))  # an alias too
+        if served is not None:  # its filters, and the job's priority, not one its author wrote into the body
+            body = shaped(body, served, parse_priority(spec.get("priority")))  # an alias too
         async with self.session.post(base.rstrip("/") + request["path"], json=body) as resp:
             if request.get("output") == "volume":
                 assert self.results is not None

@@ -7,9 +7,11 @@ import asyncio
 import json
 
 import pytest
+from pydantic import ValidationError
 
+from gpulane.api.resources import GpuModelSpec
 from gpulane.bridge.calls import CallError, read_call
-from gpulane.bridge.catalog import Catalog, ServedModel, outgoing
+from gpulane.bridge.catalog import Catalog, ServedModel, outgoing, shaped
 
 from .test_bridge_routes import AUTH, bridged
 
@@ -126,3 +128,24 @@ def test_through_the_bridge_an_alias_queues_the_model_and_the_server_gets_its_ow
         assert {e["id"] for e in listed["data"]} == {"qwen-7b", "m", "vllm", "gpt-4o", "qwen", "fast"}
 
     asyncio.run(scenario())
+
+
+def test_filters_strip_then_set_fields_and_never_touch_model_or_priority() -> None:
+    """Issue 33, llama-swap's filters.stripParams and setParams: a model whose server must not get the callers'
+    sampling knobs, and one that always runs with a given one. The operator's choice wins over the caller's."""
+    given = {"top_k": 40, "model": "elsewhere", "priority": 9, "temperature": 0.2}
+    spec = {"image": "i", "useModelName": "served", "priorityPassthrough": "LowerFirst",
+            "filters": {"stripParams": ["temperature", "top_p"], "setParams": given}}  # fmt: skip
+    model = ServedModel.of({"metadata": {"name": "m"}, "spec": spec})
+    call = _json_call({"model": "m", "temperature": 1.5, "top_p": 0.1, "priority": -1000, "messages": []})
+    body, _ = outgoing(call, model, 50)  # type: ignore[arg-type]
+    assert json.loads(body) == {"model": "served", "messages": [], "temperature": 0.2, "top_k": 40, "priority": -50}
+    assert shaped({"top_p": 1, "n": 2}, model, 0) == {"n": 2, "top_k": 40, "temperature": 0.2, "priority": 0}
+    # A filter with nothing to change still passes an unfiltered model's call byte for byte.
+    raw = b'{"model":"m",  "messages":[]}'
+    assert outgoing(read_call("/v1/chat/completions", "application/json", raw, 100), ServedModel("m"), 1)[0] == raw
+
+
+def test_a_filter_that_strips_gpulanes_own_fields_is_refused() -> None:
+    with pytest.raises(ValidationError, match="stripParams: model, priority are gpulane's"):
+        GpuModelSpec.model_validate({"image": "i", "filters": {"stripParams": ["priority", "model"]}})

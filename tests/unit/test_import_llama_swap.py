@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpulane.api.resources import GpuModelSpec
 from gpulane.importers.llama_swap import Environment, NotLlamaSwap, add_arguments, command_words, convert, run
 
 CONFIG = Path(__file__).parent / "data" / "llama-swap-config.yaml"
@@ -104,12 +105,14 @@ def test_every_key_that_does_not_carry_over_is_one_warning_line_saying_why() -> 
     for key in ("logLevel", "logTimeFormat", "logToStdout", "metricsMaxInMemory", "captureBuffer",
                 "sendLoadingState", "includeAliasesInList", "unloadTimeout", "apiKeys", "hooks",
                 "groups", "upstream",
-                "models.qwen-7b.filters", "models.qwen-7b.concurrencyLimit", "models.qwen-7b.name",
+                "models.qwen-7b.concurrencyLimit", "models.qwen-7b.name",
                 "models.qwen-7b.description", "models.qwen-7b.unlisted", "models.qwen-7b.cmdStop",
                 "models.qwen-7b.metadata", "models.qwen-7b.unloadTimeout", "models.sdxl.proxy"):  # fmt: skip
         assert keys.count(key) == 1, (key, warnings)
     assert keys.count("models.sdxl.cmd") == 2, "no image; its loopback address"
     assert all(len(w.split(": ", 1)[1]) > 10 for w in warnings), "each says why"
+    # filters carry over (issue 33): stripParams from llama-swap's comma-separated string, setParams as is.
+    assert models["qwen-7b"]["spec"]["filters"] == {"stripParams": ["temperature", "top_p"], "setParams": {"top_k": 40}}
     # ttl carries over (issue 33): the model's own, else globalTTL, whose 0 is llama-swap's "never".
     assert models["qwen-7b"]["spec"]["ttlSeconds"] == 60
     assert "ttlSeconds" not in models["sdxl"]["spec"] and not [k for k in keys if "ttl" in k.lower()]
@@ -145,7 +148,7 @@ def test_the_command_prints_manifests_and_warns_on_stderr(
     assert [d["metadata"]["name"] for d in models] == ["qwen-7b", "qwen-coder-7b", "sdxl"]
     assert all(m["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia" for m in models)
     *warnings, mounts, note = err.splitlines()
-    assert all(line.startswith("warning: ") for line in warnings) and "filters" in err
+    assert all(line.startswith("warning: ") for line in warnings) and "concurrencyLimit" in err
     # hostPath weights: Pod Security baseline (the chart's default) refuses them, and the user is told.
     assert mounts.startswith("note: the models mount host paths (/srv/models)") and "privileged" in mounts
     # What the user runs to make the Secret: the names, read from their shell, never the values.
@@ -335,3 +338,14 @@ def test_values_print_the_charts_models_and_a_lane_on_the_node(
     assert first == {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuLane", "metadata": {"name": "gpu-box.1"},
                      "spec": {"nodeName": "GPU_Box.1"}}  # fmt: skip
     assert len(models) == 3
+
+
+def test_filters_leave_gpulanes_own_fields_alone_and_say_so() -> None:
+    model = {"cmd": "llama-server --port ${PORT}",
+             "filters": {"stripParams": "model, temperature,priority", "setParams": {"priority": 1, "seed": 7},
+                         "other": 1}}  # fmt: skip
+    [manifest], warnings = convert({"models": {"a": model}}, {"llama-server": "img"})
+    assert manifest["spec"]["filters"] == {"stripParams": ["temperature"], "setParams": {"seed": 7}}
+    where = sorted(w.split(":", 1)[0] for w in warnings if w.startswith("models.a.filters"))
+    assert where == ["models.a.filters.other", "models.a.filters.setParams", "models.a.filters.stripParams"]
+    GpuModelSpec.model_validate(manifest["spec"])  # what the importer writes, the CRD's model takes
