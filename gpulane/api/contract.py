@@ -26,6 +26,9 @@ REPLICA_LABEL = "gpulane.io/bridge-replica"
 # The audience of the tokens the bridge takes (``kubectl create token NAME --audience gpulane-bridge``): a token
 # bound to it is no key to the apiserver, so a caller who sends one to the bridge gives nothing else away.
 BRIDGE_AUDIENCE = "gpulane-bridge"
+# The bridge's /unload (an admin key's) is this Lease in its namespace, renewed at each request; the operator
+# honours it only in the namespace its --unload-namespace names.
+UNLOAD_LEASE = "gpulane-unload"
 API_KEY_LABEL = "gpulane.io/api-key"
 
 # Set by the webhook when it capped a priority: what the caller asked for.

@@ -102,6 +102,7 @@ class Bridge:
         app.router.add_post("/v1/{tail:.+}", self.call)  # anything else under /v1: an OpenAI-style 404
         app.router.add_get("/v1/models", self.list_models)
         app.router.add_get("/running", self.running)
+        app.router.add_route("*", "/unload", self.unload)
         app.router.add_get("/health", self.health)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
@@ -126,7 +127,7 @@ class Bridge:
         try:
             self.keys.identify(request.headers.get("Authorization"), request.headers)
         except Denied as err:
-            return self._error(CallError(err.status, str(err), kind="authentication_error"))
+            return self._error(_denied(err))
         return None
 
     async def health(self, _: web.Request) -> web.Response:
@@ -167,6 +168,25 @@ class Bridge:
             await asyncio.sleep(DRAIN_POLL_SECONDS)
         return self._in_flight
 
+    async def unload(self, request: web.Request) -> web.Response:
+        """llama-swap's /unload, for an admin key: every lane gives its GPU back once its running jobs end (the
+        operator does it; the next jobs load their models again)."""
+        try:
+            identity = self.keys.identify(request.headers.get("Authorization"), request.headers)
+        except Denied as err:
+            return self._error(_denied(err))
+        if not identity.admin:
+            why = f"key {identity.key!r} may not unload the models: only a key with admin: true in the keys file"
+            return self._error(CallError(403, why, kind="permission_error", code="admin_only"))
+        try:
+            await self.queue.unload(f"key {identity.key}")
+        except Exception as err:  # the cluster refused or was away: the caller may try again
+            log.warning("/unload by key %s failed: %r", identity.key, err)
+            return self._error(CallError(503, f"the cluster did not take the request: {err}", kind="server_error",
+                                         retry_after=1))  # fmt: skip
+        log.info("/unload by key %s: every lane gives its GPU back once its jobs end", identity.key)
+        return web.Response(text="OK\n")
+
     async def list_models(self, request: web.Request) -> web.Response:
         if (refused := self._unknown_key(request)) is not None:
             return refused
@@ -186,8 +206,7 @@ class Bridge:
         try:
             identity = self.keys.identify(request.headers.get("Authorization"), request.headers)
         except Denied as err:
-            kind = {401: "authentication_error", 403: "permission_error"}.get(err.status, "invalid_request_error")
-            raise CallError(err.status, str(err), kind=kind) from None
+            raise _denied(err) from None
         timeout = queue_timeout(request.headers)
         run_limit = max_run_seconds(request.headers, self.settings.max_run_seconds)
         try:
@@ -395,3 +414,9 @@ def _queued_comment(state: JobState) -> bytes:
     if state.estimated_start:
         parts.append(f"estimated start {state.estimated_start}")
     return f": {', '.join(parts)}\n\n".encode()
+
+
+def _denied(err: Denied) -> CallError:
+    """A key's refusal (unknown, or a header it may not set) as an OpenAI error."""
+    kind = {401: "authentication_error", 403: "permission_error"}.get(err.status, "invalid_request_error")
+    return CallError(err.status, str(err), kind=kind)

@@ -18,7 +18,15 @@ from typing import Any, Protocol
 
 from kubernetes.aio.client.exceptions import ApiException
 
-from gpulane.api.contract import API_KEY_LABEL, EXECUTOR_LEASE, FINALIZER, REPLICA_LABEL, REQUESTED_PRIORITY, Body
+from gpulane.api.contract import (
+    API_KEY_LABEL,
+    EXECUTOR_LEASE,
+    FINALIZER,
+    REPLICA_LABEL,
+    REQUESTED_PRIORITY,
+    UNLOAD_LEASE,
+    Body,
+)
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.api.times import format_time
 from gpulane.bridge.backends import NoBackend, lane_backend
@@ -76,6 +84,7 @@ class JobQueue(Protocol):
     def follow(self, name: str) -> AsyncIterator[JobState]: ...
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
     async def cancel(self, name: str) -> None: ...
+    async def unload(self, by: str) -> None: ...
 
 
 def _refusal(err: ApiException) -> CallError:
@@ -281,3 +290,7 @@ class KubeJobQueue:
         self._waiters.pop(name, None)
         with contextlib.suppress(Gone):
             await self.kube.delete_job(self.namespace, name)
+
+    async def unload(self, by: str) -> None:
+        """/unload: the Lease the operator watches for it, renewed now, in the bridge's namespace."""
+        await self.kube.apply_lease(UNLOAD_LEASE, by, 1, time.time())

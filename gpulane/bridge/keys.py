@@ -51,6 +51,8 @@ class Grant(CamelModel):
     trusted: bool = False
     # The tiers a trusted key may give its users with X-LlamaSwap-Tier; unset: only its own tier.
     tiers: list[str] | None = None
+    # May call /unload: every lane gives its GPU back once its running jobs end (llama-swap's /unload).
+    admin: bool = False
 
     def allowed_tiers(self) -> list[str]:
         return [self.tier] if self.tiers is None else self.tiers
@@ -98,6 +100,7 @@ class Identity:
     tier: str
     priority: int
     requested: int  # what the header asked for, before the key's cap
+    admin: bool = False  # the key's: it may call /unload
 
 
 class KeyRing:
@@ -166,7 +169,7 @@ class KeyRing:
                 raise Denied(403, f"key {name!r} may give its users only tier {', '.join(grant.allowed_tiers())}, "
                                   f"not {tier[:63]!r} (its 'tiers' in the keys file)")  # fmt: skip
         requested = parse_priority(headers.get(PRIORITY_HEADER))
-        return Identity(name, member, tier, min(requested, grant.max_priority), requested)
+        return Identity(name, member, tier, min(requested, grant.max_priority), requested, grant.admin)
 
 
 def _forwarded_member(name: str, grant: Grant, value: str | None) -> str:

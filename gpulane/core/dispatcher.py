@@ -31,6 +31,7 @@ from gpulane.core.events import (
     Notice,
     QueueServed,
     Requeued,
+    UnloadAll,
     Unloaded,
     UsageRestored,
 )
@@ -156,10 +157,9 @@ class Dispatcher:
             case ModelUpdated(spec):
                 self.models.update(spec)
             case ModelRemoved(model):
-                for lane in self.lanes.values():
-                    if lane.resident == model:
-                        lane.evicting = True
-                        self._evict_if_idle(lane)
+                self._drain(lane for lane in self.lanes.values() if lane.resident == model)
+            case UnloadAll():
+                self._drain(lane for lane in self.lanes.values() if lane.resident is not None)
 
     def replace_policy(self, policy: Policy) -> list[tuple[Job, str]]:
         """Re-rank every waiting job under ``policy``, keeping arrival order and fair-share clocks.
@@ -288,6 +288,12 @@ class Dispatcher:
                     self._reloaded.add(job_id)
                     self._notices.append(Requeued(run.job, lane.id, now, None))
         lane.resident, lane.loading_since, lane.evicting, lane.idle_since = None, None, False, None
+
+    def _drain(self, lanes: Iterable[Lane]) -> None:
+        """These lanes take no new job and drop their model once their jobs end (at once when none runs)."""
+        for lane in list(lanes):
+            lane.evicting = True
+            self._evict_if_idle(lane)
 
     def _evict_if_idle(self, lane: Lane) -> None:
         """A lane whose last job just left: it drops a removed model, else its idle time starts."""

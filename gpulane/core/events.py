@@ -104,6 +104,12 @@ class ModelRemoved:
     model: str
 
 
+@dataclass(frozen=True, slots=True)
+class UnloadAll:
+    """Every lane gives its model up once its jobs end, at once when none runs, and takes no new job until
+    then (llama-swap's ``/unload``); the next jobs load afresh."""
+
+
 Event = (
     JobSubmitted
     | JobCancelled
@@ -116,6 +122,7 @@ Event = (
     | ModelLoaded
     | ModelUpdated
     | ModelRemoved
+    | UnloadAll
 )
 
 

@@ -1,5 +1,6 @@
 """What lanes run on: their backend pods, their nodes, and the executors' Leases that vouch for running
-jobs. Watch events of these update ``Observed``; a lost backend or node takes its lane's work away."""
+jobs. Watch events of these update ``Observed``; a lost backend or node takes its lane's work away. The
+bridge's ``/unload`` comes as a Lease too."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpulane.api.backend_pods import PodState, pod_state
-from gpulane.api.contract import Body
+from gpulane.api.contract import UNLOAD_LEASE, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, LaneUpdated
+from gpulane.core.events import Event, LaneUpdated, UnloadAll
 from gpulane.kube.client import Kube
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import lane_node_problem, node_state
 from gpulane.operator.observed import Observed
 from gpulane.operator.resync import Sightings
+from gpulane.operator.settings import Settings
 from gpulane.operator.status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class Host(Protocol):
     lanes: dict[str, LaneRunner]
     status: StatusWriter
     sightings: Sightings
+    settings: Settings
 
     def apply(self, event: Event, woke_at: float | None = None) -> None: ...
     def backend_failed(self, lane: str, reason: str, message: str, *, lost: bool = False) -> None: ...
@@ -108,3 +111,21 @@ def lease_event(host: Host, kind: str | None, body: Body) -> None:
     renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime")) or 0.0
     expiry = renewed + float(spec.get("leaseDurationSeconds") or 0)
     host.observed.leases[(meta.get("namespace", ""), meta["name"])] = host.clock() if kind == "DELETED" else expiry
+    if meta["name"] == UNLOAD_LEASE and kind != "DELETED" and meta.get("namespace") == host.settings.unload_namespace:
+        _unload(host, kind, renewed, str(spec.get("holderIdentity") or "someone"))
+
+
+def _unload(host: Host, kind: str | None, asked: float, by: str) -> None:
+    """An /unload newer than the last one seen: every lane gives its GPU back once its jobs end. One found at
+    the start (a restart, a takeover) is only remembered: it was acted on, or is moot."""
+    if asked <= host.observed.unload_seen:
+        return
+    host.observed.unload_seen = asked
+    if kind is None:
+        return
+    host.apply(UnloadAll())
+    for runner in host.lanes.values():
+        runner.say("UnloadRequested", f"/unload by {by}: the lane takes no new job, and gives its GPU back once "
+                   "its running jobs end")  # fmt: skip
+        host.status.lane_dirty(runner.name)
+        runner.kick()

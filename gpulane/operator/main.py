@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="upper bound on queue-status writes (default %(default)s)",
     )
     parser.add_argument(
+        "--unload-namespace",
+        default=None,
+        metavar="NS",
+        help="honour the bridge's /unload (its Lease gpulane-unload) in this namespace: the bridge's (default: none)",
+    )
+    parser.add_argument(
         "--resync-seconds",
         type=float,
         default=defaults.resync_seconds,
@@ -99,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         exact_positions=args.exact_positions,
         status_writes_per_second=args.status_writes_per_second,
         resync_seconds=args.resync_seconds,
+        unload_namespace=args.unload_namespace,
     )
     settings["namespace"] = args.namespace
     memo = kopf.Memo(

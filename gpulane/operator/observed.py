@@ -27,6 +27,7 @@ class Observed:
     pods: dict[str, PodState] = field(default_factory=dict)  # lane -> its backend pod as last seen
     nodes: dict[str, NodeState] = field(default_factory=dict)
     leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires
+    unload_seen: float = 0.0  # the renewTime of the last /unload Lease acted on, or found at the start
     run_limits: RunLimits = field(default_factory=RunLimits)  # the GpuPolicy's, or the defaults without one
     pending_cap: int | None = None  # the GpuPolicy's admission.maxPendingPerNamespace
     retention: Retention = field(default_factory=Retention)  # the GpuPolicy's ttlSecondsAfterFinished

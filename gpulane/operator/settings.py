@@ -14,3 +14,4 @@ class Settings:
     status_interval: float = 1.0
     tick_seconds: float = 1.0
     resync_seconds: float = 300.0  # between lists that find deletions no watch reported (resync.py)
+    unload_namespace: str | None = None  # where the bridge's /unload Lease is honoured (none: nowhere)

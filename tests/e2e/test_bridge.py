@@ -29,6 +29,7 @@ pytestmark = pytest.mark.e2e("kwok")
 
 APP_KEY = "sk-e2e-app-key-123"  # trusted: an application that serves its own users
 USER_KEY = "sk-e2e-user-key-456"  # an ordinary member, capped at normal priority
+OPS_KEY = "sk-e2e-ops-key-789"  # admin: may call /unload
 
 
 @dataclass
@@ -66,6 +67,7 @@ def setup(cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: P
     keys.write_text(yaml.safe_dump({"keys": [
         {"name": "app", "key": APP_KEY, "member": "app", "tier": "pro", "maxPriority": 100, "trusted": True},
         {"name": "bob", "key": USER_KEY, "member": "bob", "maxPriority": 0},
+        {"name": "ops", "key": OPS_KEY, "member": "ops", "admin": True},
     ]}))  # fmt: skip
     bridge = BridgeProcess(cluster, tmp_path, world.namespace, keys, "--endpoint", f"{model}={backend.url}",
                            "--lease-seconds", "3", "--backend-namespace", OPERATOR_NAMESPACE,
@@ -418,3 +420,41 @@ def test_an_admission_outage_longer_than_the_calls_patience_gets_a_503_and_leave
         assert "the cluster cannot take the job now: HTTP 500" in refused.value.message, refused.value.message
         assert "failed calling webhook" in refused.value.message
         assert setup.jobs() == []
+
+
+def test_an_admin_keys_unload_gives_every_gpu_back_and_the_next_call_loads_again(
+    setup: Setup, cluster: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """llama-swap's /unload (issue 33): an admin key's request reaches the operator as the Lease gpulane-unload
+    in the bridge's namespace (its --unload-namespace); every lane stops its pod once its jobs end, and says
+    so. Another key is refused, and unloads nothing."""
+    world = setup.world
+    operator.stop()  # the suite's operator honours no /unload; this one does, in the bridge's namespace
+    unloading = OperatorProcess(cluster, tmp_path, "--unload-namespace", world.namespace).start()
+
+    def unload(key: str) -> tuple[int, str]:
+        request = urllib.request.Request(f"{setup.bridge.url}/unload", headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    try:
+        hello = [{"role": "user", "content": "hello"}]
+        setup.client().chat.completions.create(model=setup.model, messages=hello)
+        [loaded] = wait_until(lambda: world.backend_pods(setup.lane), what="the model's pod")
+        status, text = unload(USER_KEY)
+        assert status == 403 and '"admin_only"' in text, text
+        assert unload(OPS_KEY) == (200, "OK\n")
+        wait_until(lambda: not world.backend_pods(setup.lane), what="the lane's pod stopped")
+        selector = f"involvedObject.kind=GpuLane,involvedObject.name={setup.lane},reason=UnloadRequested"
+        [event] = wait_until(lambda: world.core.list_namespaced_event("default", field_selector=selector).items,
+                             what="the lane's UnloadRequested Event")  # fmt: skip
+        assert "/unload by key ops" in event.message
+        setup.client().chat.completions.create(model=setup.model, messages=hello)  # loads it again
+        [again] = wait_until(lambda: world.backend_pods(setup.lane), what="the model's new pod")
+        assert again.metadata.uid != loaded.metadata.uid
+    finally:
+        unloading.stop()
+        operator.start()

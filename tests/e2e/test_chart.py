@@ -769,6 +769,10 @@ def test_backend_pods_get_a_namespace_of_their_own_that_only_the_bridge_reaches(
     assert "--namespace=ns-backends" in docs["Deployment", "r-gpulane-operator"]["spec"]["template"]["spec"][
         "containers"][0]["args"]  # fmt: skip
     assert docs["Role", "r-gpulane-operator"]["metadata"]["namespace"] == "ns-backends"
+    args = docs["Deployment", "r-gpulane-operator"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--unload-namespace=ns" in args  # the bridge's /unload (issue 33)
+    assert not [a for a in rendered(cluster)["Deployment", "r-gpulane-operator"]["spec"]["template"]["spec"][
+        "containers"][0]["args"] if a.startswith("--unload-namespace")]  # fmt: skip
     policy = docs["NetworkPolicy", "r-gpulane-backends"]
     assert policy["metadata"]["namespace"] == "ns-backends"
     bridge_labels = docs["Deployment", "r-gpulane-bridge"]["spec"]["template"]["metadata"]["labels"]

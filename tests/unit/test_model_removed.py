@@ -3,7 +3,7 @@ from a lane at once when nothing runs there, else once its jobs end, and dispatc
 
 from __future__ import annotations
 
-from gpulane.core.events import JobFinished, ModelLoaded, ModelRemoved
+from gpulane.core.events import JobFinished, ModelLoaded, ModelRemoved, UnloadAll
 from gpulane.core.jobs import ModelSpec
 
 from .helpers import dispatcher, names, submit
@@ -49,4 +49,21 @@ def test_a_removed_model_that_no_lane_holds_changes_nothing_and_an_expired_load_
     # The job waits past its deadline before its load is done: it leaves the lane, which is then empty.
     clock.now = 31
     assert d.decide() == []
+    assert d.lanes["gpu-0"].resident is None and not d.lanes["gpu-0"].evicting
+
+
+def test_unload_all_drains_every_lane_and_the_next_jobs_load_afresh():
+    """llama-swap's /unload (issue 33): every lane gives its GPU back once its running jobs end."""
+    d, clock = dispatcher(lanes={"gpu-0": None, "gpu-1": None}, models=MODELS)
+    submit(d, clock, "busy", model="evil")
+    submit(d, clock, "idle", model="chat", member="b")
+    d.handle(ModelLoaded("gpu-0", "evil"))
+    d.handle(ModelLoaded("gpu-1", "chat"))
+    d.handle(JobFinished("idle"))
+    d.handle(UnloadAll())
+    assert d.lanes["gpu-1"].resident is None  # idle: at once
+    assert d.lanes["gpu-0"].resident == "evil" and d.lanes["gpu-0"].evicting  # its job runs on
+    [again] = submit(d, clock, "again", model="evil", member="c")
+    assert again.lane == "gpu-1" and again.load  # not onto the draining lane, though it holds the model
+    d.handle(JobFinished("busy"))
     assert d.lanes["gpu-0"].resident is None and not d.lanes["gpu-0"].evicting

@@ -1,0 +1,71 @@
+"""The bridge's /unload reaches the operator as the Lease gpulane-unload (issue 33): honoured only in the
+namespace of its --unload-namespace, once per request, and never for a request found at the start."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpulane.core.events import Event, UnloadAll
+from gpulane.operator import backends
+from gpulane.operator.observed import Observed
+from gpulane.operator.settings import Settings
+
+
+class Lane:
+    name = "gpu-0"
+
+    def __init__(self) -> None:
+        self.said: list[tuple[str, str]] = []
+        self.kicked = 0
+
+    def say(self, reason: str, message: str) -> None:
+        self.said.append((reason, message))
+
+    def kick(self) -> None:
+        self.kicked += 1
+
+
+class Status:
+    def lane_dirty(self, name: str) -> None:
+        pass
+
+
+class Host:
+    def __init__(self) -> None:
+        self.observed = Observed()
+        self.settings = Settings(unload_namespace="gpulane-system")
+        self.applied: list[Event] = []
+        self.lanes = {"gpu-0": Lane()}
+        self.status = Status()
+
+    def clock(self) -> float:
+        return 0.0
+
+    def apply(self, event: Event, woke_at: float | None = None) -> None:
+        self.applied.append(event)
+
+
+def lease(namespace: str, at: str, name: str = "gpulane-unload") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace},
+            "spec": {"holderIdentity": "key ops", "renewTime": at, "leaseDurationSeconds": 1}}  # fmt: skip
+
+
+def test_an_unload_is_acted_on_once_and_only_where_the_bridge_is() -> None:
+    host = Host()
+    backends.lease_event(host, None, lease("gpulane-system", "2026-12-05T00:00:00.000000Z"))  # type: ignore[arg-type]
+    assert host.applied == []  # found at the start: remembered, not acted on
+    backends.lease_event(host, "MODIFIED", lease("tenant", "2026-12-05T00:01:00.000000Z"))  # type: ignore[arg-type]
+    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:01:00.000000Z", "other"))  # type: ignore[arg-type]
+    assert host.applied == []  # another namespace's Lease of that name, or another Lease
+    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z"))  # type: ignore[arg-type]
+    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z"))  # type: ignore[arg-type]
+    assert host.applied == [UnloadAll()]  # once per request
+    [(reason, message)] = host.lanes["gpu-0"].said
+    assert reason == "UnloadRequested" and "/unload by key ops" in message
+
+
+def test_without_an_unload_namespace_nothing_is_honoured() -> None:
+    host = Host()
+    host.settings = Settings()
+    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z"))  # type: ignore[arg-type]
+    assert host.applied == []
