@@ -276,6 +276,9 @@ class GpuLaneSpec(CamelModel):
     resource: str = Field(default="nvidia.com/gpu", min_length=1, max_length=253)
     count: int = Field(default=1, ge=1, le=64)
     tolerations: list[dict[str, Any]] | None = None
+    # The container runtime of its node's GPUs (nvidia on k3s and the GPU Operator): every backend pod of the
+    # lane runs with it, unless the model's template names its own.
+    runtime_class_name: str | None = Field(default=None, min_length=1, max_length=253)
 
 
 class ServedClock(CamelModel):

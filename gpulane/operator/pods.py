@@ -61,6 +61,8 @@ def backend_pod(
         spec["nodeSelector"] = dict(lane_spec.node_selector or {})
     if lane_spec.tolerations:
         spec["tolerations"] = [*spec.get("tolerations", []), *(dict(t) for t in lane_spec.tolerations)]
+    if lane_spec.runtime_class_name:
+        spec.setdefault("runtimeClassName", lane_spec.runtime_class_name)
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", GRACE_SECONDS)
     spec.setdefault("enableServiceLinks", False)

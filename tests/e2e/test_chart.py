@@ -544,7 +544,7 @@ def test_the_release_notes_show_the_first_request_and_how_to_watch_the_queue(clu
     assert "kubectl gpulane queue" in notes and "gpulane why JOB" in notes
 
 
-def test_the_chart_creates_lanes_and_models_from_values(cluster: Cluster, tmp_path: Path) -> None:
+def test_the_chart_creates_lanes_and_models_from_values(cluster: Cluster, crds: None, tmp_path: Path) -> None:
     values = {
         "lanes": [
             {"name": "gpu-0", "spec": {"nodeName": "gpu-0"}},
@@ -561,6 +561,16 @@ def test_the_chart_creates_lanes_and_models_from_values(cluster: Cluster, tmp_pa
     assert made["GpuModel", "llama"]["metadata"]["labels"]["app.kubernetes.io/instance"] == "r"
     plain = cluster.helm("template", "r", str(CHART), "-n", "ns").stdout
     assert not [d for d in yaml.safe_load_all(plain) if d and d["kind"] in ("GpuLane", "GpuModel")]
+    # runtimeClassName (issue 33): every lane's default, a lane's own wins; applied, the lane keeps it.
+    values["lanes"][1]["spec"]["runtimeClassName"] = "kata"  # type: ignore[index]
+    values_file.write_text(yaml.safe_dump({**values, "runtimeClassName": "nvidia"}))
+    out = cluster.helm("template", "r", str(CHART), "-n", "ns", "-f", str(values_file)).stdout
+    made = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
+    assert made["GpuLane", "gpu-0"]["spec"] == {"nodeName": "gpu-0", "runtimeClassName": "nvidia"}
+    assert made["GpuLane", "big"]["spec"]["runtimeClassName"] == "kata"
+    applied = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-",
+                              input=yaml.safe_dump(made["GpuLane", "gpu-0"]))  # fmt: skip
+    assert json.loads(applied.stdout)["spec"]["runtimeClassName"] == "nvidia"
 
 
 @pytest.mark.parametrize("annotations", [{}, {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/bridge"}])

@@ -430,3 +430,13 @@ def test_endpoint_without_ip_is_none():
     state = pod_state(pod_body(ip=None))
     assert state is not None
     assert state.endpoint(8000) is None
+
+
+def test_the_lanes_runtime_class_runs_its_pods_unless_the_model_names_its_own():
+    """Issue 33: a k3s or GPU Operator node runs GPU containers with RuntimeClass nvidia; the lane says so once
+    for all its models."""
+    lane = GpuLaneSpec(nodeName="box", runtimeClassName="nvidia")
+    assert build(spec=lane)["spec"]["runtimeClassName"] == "nvidia"
+    own = GpuModelSpec.model_validate({"image": "img", "template": {"spec": {"runtimeClassName": "kata-gpu"}}})
+    assert build(spec=lane, gpu_model=own)["spec"]["runtimeClassName"] == "kata-gpu"
+    assert "runtimeClassName" not in build(spec=GpuLaneSpec(nodeName="box"))["spec"]
