@@ -157,3 +157,53 @@ def test_a_full_queue_is_a_rate_limit_error_saying_which() -> None:
     assert CallError(429, "x", kind="rate_limit_error").body()["error"]["code"] == "rate_limit_exceeded"
     assert CallError(503, "x", kind="server_error").body()["error"]["code"] == "unavailable"
     assert CallError(500, "x", kind="server_error").body()["error"]["code"] == "server_error"
+
+
+class WaitingQueue(RefusingQueue):
+    """Every job is taken and waits: its call holds its place in the bridge's queue."""
+
+    def __init__(self) -> None:
+        self.taken = asyncio.Event()
+
+    async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
+        self.taken.set()
+        return "call-1"
+
+    async def follow(self, name: str) -> AsyncIterator[JobState]:
+        await asyncio.Event().wait()  # never starts
+        yield JobState("Pending")  # pragma: no cover
+
+    async def cancel(self, name: str) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("settings", "second_key", "code"),
+    [({"max_queued": 1}, "other", "queue_full"), ({"max_queued_per_member": 1}, "app", "member_queue_full")],
+)
+def test_a_full_queue_refuses_the_next_call_with_a_rate_limit_error_saying_which(
+    settings: dict[str, int], second_key: str, code: str
+) -> None:
+    """The bridge's own caps (--max-queued, --max-queued-per-member): 429, Retry-After, and a code that says
+    which cap, as llama-swap answers a shed call with rate_limit_error."""
+    other = {"name": "other", "key": "sk-other-00000", "member": "other"}
+    keys = {"app": KEY["key"], "other": other["key"]}
+
+    async def scenario() -> None:
+        queue = WaitingQueue()
+        bridge = Bridge(queue, KeyRing(KeysFile.model_validate({"keys": [KEY, other]})),
+                        BridgeSettings(**settings))  # type: ignore[arg-type]  # fmt: skip
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        async with TestClient(TestServer(bridge.app())) as http:
+            first = asyncio.create_task(
+                http.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {keys['app']}"})
+            )
+            await asyncio.wait_for(queue.taken.wait(), 5)
+            resp = await http.post("/v1/chat/completions", json=body,
+                                   headers={"Authorization": f"Bearer {keys[second_key]}"})  # fmt: skip
+            assert resp.status == 429 and resp.headers["Retry-After"] == "1"
+            error = (await resp.json())["error"]
+            assert (error["type"], error["code"]) == ("rate_limit_error", code), error
+            first.cancel()
+
+    asyncio.run(scenario())
