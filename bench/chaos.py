@@ -112,6 +112,7 @@ class Chaos:
         self.went_wrong: list[tuple[float, str, str]] = []  # (when, "bridge" or "kubectl", "refused" or "failed")
         self.kinds: list[str] = list(args.faults)  # those that apply to the release (install)
         self.created: list[str] = []
+        self.created_at: list[float] = []  # when each kubectl create was taken (wall clock, as faults are)
         self.outage: tuple[float, float] | None = None
         self.errors: list[str] = []  # what kept the run from going as planned
 
@@ -229,6 +230,7 @@ class Chaos:
                 self.refused("kubectl", str(err))
             else:
                 self.created.append(name)
+                self.created_at.append(time.time())
                 self.counts["kubectl created"] += 1
             time.sleep(self.rng.expovariate(self.args.rate))
 
@@ -374,11 +376,19 @@ class Chaos:
                 self.errors.append(f"no target for the fault {kind}")
                 continue
             fault = self.record.faults[-1]
-            # Until the next dispatch (a missed bound is judged at the end, with the figures), or the end.
+            # Until the next dispatch (a missed bound is judged at the end, with the figures), or the end. After
+            # an apiserver or etcd restart, also until the cluster takes a create again: in policy mode it refuses
+            # creates until it has set its policies up, after the operator dispatches again, and those refusals
+            # belong to the restart, not to the next fault's window (by_fault).
             deadline = time.monotonic() + self.args.bound
-            while not any(t >= fault.at for t in self.record.dispatch_times) and time.monotonic() < deadline:
+            while not self.recovered(kind, fault.at) and time.monotonic() < deadline:
                 if self.stop.wait(0.2):
                     return
+
+    def recovered(self, kind: str, since: float) -> bool:
+        """A job was dispatched since the fault; after a control-plane restart, a create was taken too."""
+        dispatched = any(t >= since for t in self.record.dispatch_times)
+        return dispatched and (kind not in ("apiserver", "etcd") or any(t >= since for t in self.created_at))
 
     # -- the verdict ---------------------------------------------------------------------------------
 
