@@ -25,7 +25,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from gpulane.bridge import routes
-from gpulane.bridge.calls import Call, CallError, max_run_seconds, queue_timeout, read_call
+from gpulane.bridge.calls import Call, CallError, kind_of, max_run_seconds, queue_timeout, read_call
 from gpulane.bridge.catalog import ServedModel, outgoing
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
@@ -418,5 +418,4 @@ def _queued_comment(state: JobState) -> bytes:
 
 def _denied(err: Denied) -> CallError:
     """A key's refusal (unknown, or a header it may not set) as an OpenAI error."""
-    kind = {401: "authentication_error", 403: "permission_error"}.get(err.status, "invalid_request_error")
-    return CallError(err.status, str(err), kind=kind)
+    return CallError(err.status, str(err), kind=kind_of(err.status))

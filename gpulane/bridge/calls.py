@@ -27,6 +27,11 @@ CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "permission_denied
          413: "request_too_large", 429: "rate_limit_exceeded", 502: "backend_failed", 503: "unavailable"}  # fmt: skip
 
 
+def kind_of(status: int) -> str:
+    """The OpenAI error type of a refusal's status."""
+    return {401: "authentication_error", 403: "permission_error"}.get(status, "invalid_request_error")
+
+
 class CallError(Exception):
     """A call refused, or failed, in OpenAI's error format: ``{"error": {message, type, param, code}}``."""
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import BRIDGE_AUDIENCE, Body
-from gpulane.bridge.calls import CallError
+from gpulane.bridge.calls import CallError, kind_of
 from gpulane.kube.client import Gone, Kube
 
 log = logging.getLogger(__name__)
@@ -124,5 +124,4 @@ class ResultReader:
 
 
 def _error(status: int, message: str) -> web.Response:
-    kind = {401: "authentication_error", 403: "permission_error"}.get(status, "invalid_request_error")
-    return web.json_response(CallError(status, message, kind=kind).body(), status=status)
+    return web.json_response(CallError(status, message, kind=kind_of(status)).body(), status=status)

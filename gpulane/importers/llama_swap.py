@@ -26,7 +26,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from gpulane.api.pod_templates import SERVING_CONTAINER, refused_host_path
-from gpulane.api.resources import API_VERSION, OWN_FIELDS, GpuModelSpec
+from gpulane.api.resources import API_VERSION, GpuModelSpec
+from gpulane.importers.filters import model_filters
 from gpulane.importers.pod_rewrites import SECRET, Environment, Import, bind_anywhere, host_mounts, server_of
 
 DEFAULT_START_PORT = 5800  # llama-swap's startPort: ${PORT}; each GpuModel is a pod of its own
@@ -301,7 +302,7 @@ def model_manifest(
         spec["maxConcurrency"] = slots
     if health_timeout is not None:
         spec["loadTimeoutSeconds"] = max(15, health_timeout)
-    if "filters" in raw and (filters := _filters(raw["filters"], f"{where}.filters", out)):
+    if "filters" in raw and (filters := model_filters(raw["filters"], f"{where}.filters", out)):
         spec["filters"] = filters
     ttl = raw.get("ttl", default_ttl)
     if ttl is not None:
@@ -451,34 +452,6 @@ def run(args: argparse.Namespace, warn: Callable[[str], None] = lambda line: pri
              f"kubectl create secret generic {args.secret} -n {args.namespace} {literals}")  # fmt: skip
     sys.stdout.write(render(manifests, args.node, as_values=args.values))
     return 0
-
-
-def _filters(raw: object, where: str, out: Import) -> dict[str, Any]:
-    """llama-swap's filters as GpuModel.spec.filters: stripParams (a comma-separated string, or a list) and
-    setParams (a mapping). model and priority are gpulane's: they are left out, with a warning."""
-    if not isinstance(raw, Mapping):
-        out.warn(where, "not a mapping; the bridge forwards bodies as they are")
-        return {}
-    filters: dict[str, Any] = {}
-    strip = raw.get("stripParams")
-    names = (
-        [n.strip() for n in strip.split(",")] if isinstance(strip, str) else strip if isinstance(strip, list) else []
-    )
-    kept = [str(n) for n in names if n and str(n) not in OWN_FIELDS]
-    if dropped := [str(n) for n in names if str(n) in OWN_FIELDS]:
-        out.warn(f"{where}.stripParams", f"{', '.join(dropped)}: gpulane's own fields, never stripped")
-    if kept:
-        filters["stripParams"] = kept
-    given = raw.get("setParams")
-    if isinstance(given, Mapping):
-        if dropped := [str(k) for k in given if str(k) in OWN_FIELDS]:
-            out.warn(f"{where}.setParams", f"{', '.join(dropped)}: gpulane's own fields, never set")
-        if put := {str(k): v for k, v in given.items() if str(k) not in OWN_FIELDS}:
-            filters["setParams"] = put
-    for key in raw:
-        if key not in ("stripParams", "setParams"):
-            out.warn(f"{where}.{key}", "not a filter gpulane knows (stripParams, setParams); ignored")
-    return filters
 
 
 def host_paths(manifest: dict[str, Any]) -> list[str]:
