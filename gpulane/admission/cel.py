@@ -169,7 +169,6 @@ VARIABLES: list[tuple[str, str]] = [
 REQUEST = f"{SPEC}.{_f(GpuJobSpec, 'request')}"
 # review._check_request: the field each OpenAI path must carry. The body is free-form (dyn).
 REQUEST_VARIABLES: list[tuple[str, str]] = [
-    ("hasRequest", f"has({REQUEST})"),
     (
         "needed",
         f"has({REQUEST}) && {REQUEST}.path in {_lit(REQUEST_FIELDS)} ? {_lit(REQUEST_FIELDS)}[{REQUEST}.path] : ''",
@@ -307,10 +306,6 @@ def job_rules() -> dict[str, Any]:
                 f"!has({TIER}) || {TIER} in variables.tierBonus",
                 f"'unknown tier ' + {_shortened(TIER)} + '; this policy knows '"
                 " + variables.tierBonus.map(t, t).join(', ')",
-            ),
-            _rule(
-                "!variables.hasRequest || variables.needed != ''",
-                f"'spec.request.path ' + {REQUEST}.path + ' is not supported; use one of {', '.join(REQUEST_FIELDS)}'",
             ),
             _rule(
                 "variables.needed == '' || (variables.needed in variables.body && !(type(variables.value) == null_type"

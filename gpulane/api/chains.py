@@ -14,10 +14,13 @@ from gpulane.api.resources import (
     PRIORITY_MESSAGE,
     PRIORITY_RULE,
     TIME_FORMAT,
+    UPSTREAM_MODEL_MESSAGE,
     Conditions,
     JobRequest,
     immutable,
+    upstream_model_rule,
 )
+from gpulane.api.routes import job_route
 from gpulane.api.run_limits import MAX_RUN_SECONDS
 from gpulane.core.chains import render
 from gpulane.core.policy import CamelModel
@@ -45,6 +48,10 @@ class GpuChainSpec(CamelModel):
         "json_schema_extra": {"x-kubernetes-validations": [
             {"rule": "has(self.steps) != has(self.count)", "message": STEPS_MESSAGE},
             {"rule": "!has(self.template) || has(self.count)", "message": TEMPLATE_MESSAGE},
+            {"rule": f"!has(self.steps) || self.steps.all(s, {upstream_model_rule('s')})",
+             "message": UPSTREAM_MODEL_MESSAGE},
+            {"rule": f"!has(self.template) || ({upstream_model_rule('self.template')})",
+             "message": UPSTREAM_MODEL_MESSAGE},
         ]}
     }  # fmt: skip
 
@@ -77,6 +84,8 @@ class GpuChainSpec(CamelModel):
             raise ValueError(STEPS_MESSAGE)
         if self.template is not None and self.count is None:
             raise ValueError(TEMPLATE_MESSAGE)
+        for request in [*(self.steps or ()), *([self.template] if self.template else [])]:
+            job_route(request.method, request.path, self.model)
         return self
 
     @property

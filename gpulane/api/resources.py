@@ -15,6 +15,7 @@ from pydantic.config import JsonDict
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.pod_templates import IMAGE_MESSAGE, IMAGE_RULE, PodTemplate
 from gpulane.api.retention import MAX_TTL_SECONDS, Retention
+from gpulane.api.routes import PLAIN_PATH, UPSTREAM, UPSTREAM_PATH, JobMethod, fixed_routes, job_route, routed_for_jobs
 from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
 from gpulane.core.policy import CamelModel, Policy
 
@@ -70,18 +71,50 @@ TIME_FORMAT: JsonDict = {"format": "date-time"}
 # -- GpuJob -------------------------------------------------------------------------------------
 
 
-class JobRequest(CamelModel):
-    """An OpenAI call that gpulane executes for jobs submitted with kubectl."""
+ROUTE_MESSAGE = "method and path must be a route the bridge routes (docs/bridge.md), or /upstream/<model>/<path>"
+ROUTE_RULE = (
+    f"self.path.startsWith('{UPSTREAM}') ? self.path.matches('{UPSTREAM_PATH}')"
+    f" : (self.method + ' ' + self.path) in {fixed_routes()!r}"
+)
+UPSTREAM_MODEL_MESSAGE = "request.path: an /upstream path names the job's own model: /upstream/<model>/<path>"
 
+
+def upstream_model_rule(request: str) -> str:
+    """CEL: the request at ``request`` (relative to a spec with ``model``) reaches no other model's server."""
+    return f"!{request}.path.startsWith('{UPSTREAM}') || {request}.path.startsWith('{UPSTREAM}' + self.model + '/')"
+
+
+class JobRequest(CamelModel):
+    """A call that gpulane sends for jobs submitted with kubectl and for a chain's steps: any route the
+    bridge routes (``api/routes.py``), with a JSON body (a form route's fields, docs/chains.md)."""
+
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": {"x-kubernetes-validations": [{"rule": ROUTE_RULE, "message": ROUTE_MESSAGE}]}
+    }
+
+    method: JobMethod = "POST"
     # Segments of plain characters: no "." or ".." (the executor's client would resolve them) and no empty one.
-    path: str = Field(pattern=r"^/v1(/[A-Za-z0-9_-][A-Za-z0-9_.-]*)+$", max_length=256)
+    path: str = Field(pattern=PLAIN_PATH, max_length=256)
     body: dict[str, Any] = Field(default_factory=dict)
     # Where the answer goes: a ConfigMap (at most 900 KiB), or a file on the executor's results volume
     # (a video, say: streamed, no cap beyond the volume's), read back with `gpulane result`.
     output: Literal["configMap", "volume"] = "configMap"
 
+    @model_validator(mode="after")
+    def _routed(self) -> JobRequest:
+        if not routed_for_jobs(self.method, self.path):
+            raise ValueError(f"{self.method} {self.path}: {ROUTE_MESSAGE}")
+        return self
+
 
 class GpuJobSpec(CamelModel):
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": {"x-kubernetes-validations": [
+            {"rule": f"!has(self.request) || ({upstream_model_rule('self.request')})",
+             "message": UPSTREAM_MODEL_MESSAGE},
+        ]}
+    }  # fmt: skip
+
     model: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME, json_schema_extra=immutable("model"))
     # An integer, or an alias (interactive, normal, batch) that the operator resolves.
     priority: StrictInt | str = Field(
@@ -113,6 +146,12 @@ class GpuJobSpec(CamelModel):
     # Seconds after the job ended before the operator deletes it (with its result ConfigMap), as on batch/v1
     # Jobs; unset: the GpuPolicy's ttlSecondsAfterFinished for its source.
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0, le=MAX_TTL_SECONDS)
+
+    @model_validator(mode="after")
+    def _own_upstream(self) -> GpuJobSpec:
+        if self.request is not None:
+            job_route(self.request.method, self.request.path, self.model)
+        return self
 
 
 class ScoreTerms(CamelModel):
@@ -217,6 +256,26 @@ class ModelFilters(CamelModel):
         return self
 
 
+DottedField = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^.]+(\.[^.]+)*$")]
+
+
+class Ticket(CamelModel):
+    """A server that answers a call at once with a ticket and goes on working (ComfyUI's ``POST /prompt``):
+    gpulane polls until the work is done, the job holds its lane meanwhile, and the final poll's answer is the
+    call's. The defaults are ComfyUI's (``server.py``): ``prompt_id`` in the first answer, ``GET
+    /history/{prompt_id}`` answering ``{}`` until the prompt's entry appears, whose ``status.status_str`` says
+    ``error`` when the work failed. Field paths are dotted; ``{ticket}`` stands for the ticket."""
+
+    path: str = Field(default="/prompt", pattern=PLAIN_PATH, max_length=256)  # the server's path (POST) that answers so
+    field: DottedField = "prompt_id"
+    poll: str = Field(default="/history/{ticket}", pattern=r"^/[^?#]*\{ticket\}[^?#]*$", max_length=256)
+    done_field: DottedField = "{ticket}"  # in the poll's answer: there (and not null) once the work is done
+    error_field: DottedField | None = "{ticket}.status.status_str"
+    error_values: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=lambda: ["error"], max_length=16)
+    interval_seconds: float = Field(default=1.0, ge=0.1, le=60)
+    timeout_seconds: int = Field(default=3600, ge=1, le=MAX_RUN_SECONDS)  # the work's own limit, from the ticket
+
+
 class GpuModelSpec(CamelModel):
     model_config = CamelModel.model_config | {
         "json_schema_extra": {"x-kubernetes-validations": [{"rule": IMAGE_RULE, "message": IMAGE_MESSAGE}]}
@@ -249,6 +308,8 @@ class GpuModelSpec(CamelModel):
     use_model_name: str | None = Field(default=None, min_length=1, max_length=253)
     priority_passthrough: Literal["LowerFirst", "HigherFirst"] | None = None
     filters: ModelFilters | None = None
+    # The server answers with a ticket and works on (ComfyUI): `ticket: {}` for ComfyUI's protocol.
+    ticket: Ticket | None = None
 
     @model_validator(mode="after")
     def _an_image(self) -> GpuModelSpec:

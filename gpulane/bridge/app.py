@@ -24,11 +24,13 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from gpulane.bridge import routes
-from gpulane.bridge.calls import Call, CallError, kind_of, max_run_seconds, queue_timeout, read_call
+from gpulane.api import routes
+from gpulane.api.resources import Ticket
+from gpulane.bridge.calls import Call, CallError, kind_of, max_run_seconds, queue_timeout, read_call, sent_headers
 from gpulane.bridge.catalog import ServedModel, outgoing
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
+from gpulane.bridge.tickets import TicketError, issues_ticket, settle
 from gpulane.kube.client import why
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class Outgoing:
     model: str
     body: bytes
     target: str
+    ticket: Ticket | None = None  # the model's server answers with a ticket (bridge/tickets.py)
 
 
 @dataclass
@@ -293,7 +296,8 @@ class Bridge:
                 code = "queue_timeout" if state and state.reason == "QueueTimeout" else "job_not_run"
                 return await self._fail(response, CallError(503, why, kind="server_error", code=code, retry_after=1))
             body, target = outgoing(call, model, identity.priority)
-            return await self._proxy(request, call, Outgoing(model.name, body, target), name, state, headers,
+            return await self._proxy(request, call, Outgoing(model.name, body, target, model.ticket), name, state,
+                                     headers,
                                      response, outcome)  # fmt: skip
         except asyncio.CancelledError:
             # The client went away: its job leaves the queue, or its lane (freeing the GPU at once),
@@ -317,7 +321,7 @@ class Bridge:
         assert self._session is not None
         try:
             async with self._session.request(call.method, base.rstrip("/") + call.target, data=call.body or None,
-                                             headers=_sent_headers(call)) as upstream:  # fmt: skip
+                                             headers=sent_headers(call)) as upstream:  # fmt: skip
                 response = web.StreamResponse(status=upstream.status, headers={**_kept(upstream), **NO_BUFFERING})
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
@@ -361,9 +365,13 @@ class Bridge:
         started = time.monotonic()
         try:
             async with self._session.request(
-                call.method, base.rstrip("/") + out.target, data=out.body or None, headers=_sent_headers(call)
+                call.method, base.rstrip("/") + out.target, data=out.body or None, headers=sent_headers(call)
             ) as upstream:
                 failed = f"the backend answered {upstream.status}"
+                if upstream.status < 400 and issues_ticket(out.ticket, call.method, out.target):
+                    assert out.ticket is not None
+                    return await self._settle(request, out.ticket, base, await upstream.read(), name, headers,
+                                              outcome)  # fmt: skip
                 if response is None:
                     response = web.StreamResponse(
                         status=upstream.status, headers={**_kept(upstream), **headers, **NO_BUFFERING}
@@ -393,9 +401,25 @@ class Bridge:
         await self._finish(outcome, name, ok, None if ok else failed)
         return response
 
-
-def _sent_headers(call: Call) -> dict[str, str]:
-    return {"Accept-Encoding": "identity", **({"Content-Type": call.content_type} if call.content_type else {})}
+    async def _settle(self, request: web.Request, ticket: Ticket, base: str, first: bytes, name: str,
+                      headers: dict[str, str], outcome: Outcome) -> web.StreamResponse:  # fmt: skip
+        """A ticket's call: the job runs until the server's work is done, and the caller gets the last poll's
+        answer (docs/models.md#servers-that-answer-with-a-ticket)."""
+        assert self._session is not None
+        try:
+            settled = await settle(self._session, base, ticket, first)
+        except (TicketError, TimeoutError, OSError, ClientError) as err:
+            failed = str(err) if isinstance(err, TicketError) else f"the backend failed: {why(err)}"
+            await self._finish(outcome, name, False, failed)
+            return self._error(CallError(502, failed, kind="server_error"))
+        response = web.Response(body=settled.answer, content_type=settled.content_type, headers=headers)
+        await response.prepare(request)
+        outcome.answered = True
+        self.metrics.calls.labels("200").inc()
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        await self._finish(outcome, name, True)
+        return response
 
 
 def _kept(upstream: ClientResponse) -> dict[str, str]:

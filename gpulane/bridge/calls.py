@@ -14,8 +14,8 @@ from email.parser import BytesHeaderParser
 from typing import Any
 from urllib.parse import parse_qs
 
+from gpulane.api.routes import ModelFrom, route
 from gpulane.api.run_limits import MAX_RUN_SECONDS
-from gpulane.bridge.routes import ModelFrom, route
 
 # The longest "model" value taken from a form; a model name is a Kubernetes object name.
 MAX_MODEL_FIELD = 253
@@ -126,6 +126,11 @@ def read_call(path: str, content_type: str, body: bytes, max_bytes: int, method:
     if not isinstance(stream, bool):
         raise CallError(400, "'stream' must be a boolean", param="stream")
     return Call(path, model, stream, body, "application/json", method, upstream)
+
+
+def sent_headers(call: Call) -> dict[str, str]:
+    """The headers the model server gets with ``call``: its body's type, and no compression to undo."""
+    return {"Accept-Encoding": "identity", **({"Content-Type": call.content_type} if call.content_type else {})}
 
 
 def unplain(path: str) -> str | None:

@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode
 from pydantic import ValidationError
 
 from gpulane.api.contract import Body
-from gpulane.api.resources import OWN_FIELDS, GpuModelSpec
+from gpulane.api.resources import OWN_FIELDS, GpuModelSpec, Ticket
 from gpulane.bridge.calls import Call, CallError
 
 PASSTHROUGH = ("LowerFirst", "HigherFirst")
@@ -28,6 +28,7 @@ class ServedModel:
     priority_passthrough: str | None = None  # "LowerFirst" (vLLM) or "HigherFirst" (SGLang)
     strip_params: tuple[str, ...] = ()  # filters.stripParams: fields removed from a call's JSON body
     set_params: tuple[tuple[str, Any], ...] = ()  # filters.setParams: fields set in it (model, priority never)
+    ticket: Ticket | None = None  # the server answers with a ticket (bridge/tickets.py)
 
     @classmethod
     def of(cls, body: Body) -> ServedModel:
@@ -44,7 +45,8 @@ class ServedModel:
         strip = tuple(filters.strip_params or ()) if filters else ()
         given = (filters.set_params or {}) if filters else {}
         put = tuple((k, v) for k, v in given.items() if k not in OWN_FIELDS)
-        return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough, strip, put)
+        return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough, strip, put,
+                   spec.ticket)  # fmt: skip
 
 
 class Catalog:

@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout
@@ -27,9 +27,12 @@ from aiohttp import ClientSession, ClientTimeout
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.backends import NoBackend, lane_backend
-from gpulane.bridge.catalog import Catalog, shaped
+from gpulane.bridge.calls import CallError, sent_headers
+from gpulane.bridge.catalog import Catalog, ServedModel, outgoing
+from gpulane.bridge.job_calls import job_call
 from gpulane.bridge.jobs import outcome_patch
-from gpulane.bridge.results import ResultStore
+from gpulane.bridge.results import Chunks, ResultStore
+from gpulane.bridge.tickets import TicketError, issues_ticket, settle
 from gpulane.core.priority import parse_priority
 from gpulane.kube.client import Conflict, Gone, Kube, why, write_outcome
 from gpulane.kube.watch import watch_jobs
@@ -43,6 +46,19 @@ FORGET_AFTER_SECONDS = 600.0
 DRAIN_POLL_SECONDS = 0.2
 # A ConfigMap holds at most 1 MiB; leave room for its metadata.
 MAX_ANSWER_BYTES = 900 * 1024
+# A request is a GpuJob's field: etcd keeps an object under 1.5 MB.
+MAX_REQUEST_BYTES = 3 * 1024 * 1024
+
+
+class Held:
+    """An answer already read, streamed to where answers go as the server's own would be."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def iter_chunked(self, n: int) -> AsyncIterator[bytes]:
+        for start in range(0, len(self.data), n):
+            yield self.data[start : start + n]
 
 
 class ManifestExecutor:
@@ -189,28 +205,41 @@ class ManifestExecutor:
         assert self.session is not None, "start() opens the session"
         if request.get("output") == "volume" and self.results is None:
             return outcome_patch(False, "output: volume, but this bridge has no results volume (--results-dir)")
-        body = request.get("body") or {}
-        served = (await self.models()).models.get(spec["model"])
-        if served is not None:  # its filters, and the job's priority, not one its author wrote into the body
-            body = shaped(body, served, parse_priority(spec.get("priority")))  # an alias too
-        async with self.session.post(base.rstrip("/") + request["path"], json=body) as resp:
+        try:
+            call = job_call(request, spec["model"], MAX_REQUEST_BYTES)
+        except (ValueError, CallError) as err:  # the CRD's rule says the same: a job stored before it was
+            return outcome_patch(False, f"the request was not sent: {err}")
+        served = (await self.models()).models.get(spec["model"]) or ServedModel(spec["model"])
+        # The model's filters, useModelName and its passthrough of the job's priority, as the bridge applies them.
+        body, target = outgoing(call, served, parse_priority(spec.get("priority")))
+        async with self.session.request(
+            call.method, base.rstrip("/") + target, data=body or None, headers=sent_headers(call)
+        ) as resp:
+            content: Chunks = resp.content
+            upstream, content_type = resp.status, resp.content_type
+            if upstream < 400 and issues_ticket(served.ticket, call.method, target):
+                assert served.ticket is not None
+                try:  # the lane stays this job's until the server's work is done
+                    settled = await settle(self.session, base, served.ticket, await resp.read())
+                except TicketError as err:
+                    return outcome_patch(False, str(err))
+                content, content_type = Held(settled.answer), settled.content_type
             if request.get("output") == "volume":
                 assert self.results is not None
                 try:
-                    stored_file = await self.results.store(obj, resp.content)
+                    stored_file = await self.results.store(obj, content)
                 except OSError as err:  # the volume is full, or not writable
                     return outcome_patch(False, f"the answer could not be stored on the results volume: {err}")
-                ok = resp.status < 400
-                result = {"volume": stored_file, "status": resp.status, "contentType": resp.content_type}
-                return outcome_patch(ok, None if ok else f"the backend answered {resp.status}", result)
+                ok = upstream < 400
+                result = {"volume": stored_file, "status": upstream, "contentType": content_type}
+                return outcome_patch(ok, None if ok else f"the backend answered {upstream}", result)
             answer = bytearray()
-            async for chunk in resp.content.iter_chunked(64 * 1024):
+            async for chunk in content.iter_chunked(64 * 1024):
                 answer += chunk
                 if len(answer) > self.max_answer_bytes:
                     return outcome_patch(
                         False, f"the answer is over the limit of {self.max_answer_bytes} bytes; it was not stored"
                     )
-            upstream, content_type = resp.status, resp.content_type
         key, stored = answer_entry(bytes(answer))
         # Named after this job's uid too: a job deleted and created again under its name never meets the
         # old one's ConfigMap (collected a moment later through its owner), and create is the only right needed.

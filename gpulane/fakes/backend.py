@@ -3,7 +3,8 @@
 It stands in for a GPU model server behind gpulane's bridge and behaves like one where it matters: it takes a
 while to load (``/health`` and every ``/v1`` call answer 503 until then), takes a while per request, streams
 Server-Sent Events one flushed chunk at a time, says which model answered (``X-Fake-Backend-Model`` and the
-body), and can ignore SIGTERM like a server that is slow to stop. ``GET /stats`` counts the calls it served,
+body), and can ignore SIGTERM like a server that is slow to stop. It answers ComfyUI's prompt protocol too
+(``fakes/comfy.py``). ``GET /stats`` counts the calls it served,
 so tests can tell whether the bridge called it at all.
 """
 
@@ -28,6 +29,8 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+
+from gpulane.fakes.comfy import ComfyPrompts
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ class FakeBackendConfig:
     request_seconds: float = 0.0  # spent before answering, or before the first chunk of a stream
     chunks: int = 5  # SSE chunks per streamed answer
     chunk_delay: float = 0.05  # seconds between chunks
+    render_seconds: float = 1.0  # a ComfyUI prompt's render (fakes/comfy.py)
     ignore_sigterm: bool = False  # the CLI keeps running on SIGTERM, like a server slow to stop
     host: str = "127.0.0.1"
     port: int = 8000
@@ -65,8 +69,8 @@ class FakeBackendConfig:
     def __post_init__(self) -> None:
         if self.chunks < 1:
             raise ValueError(f"chunks must be at least 1, not {self.chunks}")
-        if min(self.load_seconds, self.request_seconds, self.chunk_delay) < 0:
-            raise ValueError("load_seconds, request_seconds and chunk_delay cannot be negative")
+        if min(self.load_seconds, self.request_seconds, self.chunk_delay, self.render_seconds) < 0:
+            raise ValueError("load_seconds, request_seconds, chunk_delay and render_seconds cannot be negative")
 
 
 class _ApiError(Exception):
@@ -98,6 +102,7 @@ class _FakeBackend:
         self.served: Counter[str] = Counter()
         self.in_flight = 0
         self.disconnected = 0  # calls whose client left before the answer was complete
+        self.comfy = ComfyPrompts(config.render_seconds, PNG)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._middleware])
@@ -118,6 +123,7 @@ class _FakeBackend:
                 # What other servers behind llama-swap answer: a stable-diffusion server, llama-server's own.
                 web.post("/sdapi/v1/txt2img", self.txt2img),
                 web.get("/props", self.props),
+                *self.comfy.routes(),  # ComfyUI's: a render answered with a ticket
             ]
         )
         return app
@@ -527,6 +533,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-seconds", type=float, default=0.0, help="time spent per request")
     parser.add_argument("--chunks", type=int, default=5, help="SSE chunks per streamed answer")
     parser.add_argument("--chunk-delay", type=float, default=0.05, help="seconds between chunks")
+    parser.add_argument("--render-seconds", type=float, default=1.0, help="a ComfyUI prompt's render time")
     parser.add_argument("--ignore-sigterm", action="store_true", help="keep running on SIGTERM (stop with SIGINT)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (logged)")
@@ -541,6 +548,7 @@ def run(args: argparse.Namespace) -> int:
             request_seconds=args.request_seconds,
             chunks=args.chunks,
             chunk_delay=args.chunk_delay,
+            render_seconds=args.render_seconds,
             ignore_sigterm=args.ignore_sigterm,
             host=args.host,
             port=args.port,

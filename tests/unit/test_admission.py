@@ -445,7 +445,12 @@ def test_validate_accepts_a_good_job_on_create_and_update() -> None:
         (job(colour="red"), "spec.colour: Extra inputs are not permitted"),
         (job(priority=1.5), "spec.priority"),
         (job(tier=""), "spec.tier: String should have at least 1 character"),
-        (job(request={"path": "/v2/chat", "body": {}}), "spec.request.path: String should match pattern"),
+        (job(request={"path": "/v1/../chat", "body": {}}), "spec.request.path: String should match pattern"),
+        (job(request={"path": "/v1//chat", "body": {}}), "spec.request.path: String should match pattern"),
+        (job(request={"path": "/v2/chat", "body": {}}), "spec.request: POST /v2/chat: method and path must be a route"),
+        (job(request={"method": "GET", "path": "/v1/chat/completions"}), "GET /v1/chat/completions: method and path"),
+        (job(request={"path": "/upstream/other/prompt"}), "/upstream/other/prompt reaches another model's server"),
+        (job(request={"path": "/upstream/llama"}), "POST /upstream/llama: method and path must be a route"),
         (job(request={"body": {}}), "spec.request.path: Field required"),
         ({"spec": "llama"}, "spec: Input should be a valid dictionary"),
     ],
@@ -537,10 +542,20 @@ def test_validate_accepts_each_supported_request(path: str, body: dict[str, Any]
     validate(job(request={"path": path, "body": body}))
 
 
-def test_validate_refuses_an_unsupported_request_path() -> None:
-    assert refusal(validate, job(request={"path": "/v1/models", "body": {}})) == (
-        "spec.request.path '/v1/models' is not supported; use one of " + ", ".join(REQUEST_FIELDS)
-    )
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"path": "/sdapi/v1/txt2img", "body": {"prompt": "a cat"}},
+        {"path": "/v/chat/completions", "body": {"messages": [{"role": "user", "content": "hi"}]}},
+        {"path": "/v1/audio/transcriptions", "body": {"file": {"dataBase64": "AAAA"}}},
+        {"path": "/v1/rerank", "body": {"query": "q", "documents": ["a"]}},
+        {"method": "GET", "path": "/sdapi/v1/loras"},
+        {"path": "/upstream/llama/prompt", "body": {"prompt": {"9": {"class_type": "SaveImage"}}}},
+        {"method": "GET", "path": "/upstream/llama/history/abc"},
+    ],
+)
+def test_validate_takes_every_route_the_bridge_routes(request_: dict[str, Any]) -> None:
+    validate(job(request=request_), caller=ALICE)
 
 
 @pytest.mark.parametrize(("path", "needed"), REQUEST_FIELDS.items())

@@ -76,7 +76,7 @@ class FakeKube:
         return {}
 
 
-def running_job(name: str, uid: str, path: str = "/v1/answer", output: str | None = None) -> Body:
+def running_job(name: str, uid: str, path: str = "/v1/completions", output: str | None = None) -> Body:
     """A job Running on LANE, claimed by this executor. Its status.endpoint is a forgery the executor must
     never call: the backend is found through the lane's pod."""
     return {
@@ -109,7 +109,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 @contextlib.asynccontextmanager
 async def backend(handler: Handler) -> AsyncIterator[str]:
     app = web.Application()
-    app.router.add_post("/v1/answer", handler)
+    app.router.add_post("/v1/completions", handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -171,7 +171,7 @@ def test_a_kubectl_jobs_own_priority_in_its_body_never_reaches_a_passthrough_ser
                       job_priority=priority)  # fmt: skip
 
     asyncio.run(scenario())
-    assert received == [{"prompt": "hi", "priority": sent}]
+    assert received == [{"prompt": "hi", "priority": sent, "model": "m"}]
 
 
 def test_a_large_answer_sent_in_many_chunks_is_stored_whole():

@@ -1,4 +1,4 @@
-"""The routes the bridge takes over from llama-swap (gpulane/bridge/routes.py): every path llama-swap
+"""The routes the bridge takes over from llama-swap (gpulane/api/routes.py): every path llama-swap
 dispatches by model, where each finds its model, and what the model server receives, through a real bridge
 in front of a real aiohttp backend that records each request."""
 
@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from yarl import URL
 
-from gpulane.bridge import routes
+from gpulane.api import routes
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError, read_call
 from gpulane.bridge.catalog import Catalog

@@ -3,6 +3,8 @@ step jobs the operator makes of them (gpulane/operator/chains.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -135,8 +137,27 @@ def test_a_spec_has_steps_or_a_count() -> None:
     with pytest.raises(ValidationError, match=STEPS_MESSAGE):
         GpuChainSpec.model_validate({"model": "m"})
     with pytest.raises(ValidationError, match=TEMPLATE_MESSAGE):
-        GpuChainSpec.model_validate({"model": "m", "steps": [{"path": "/v1/x"}], "template": {"path": "/v1/y"}})
+        GpuChainSpec.model_validate({"model": "m", "steps": [{"path": "/v1/completions"}],
+                                      "template": {"path": "/v1/embeddings"}})  # fmt: skip
     assert GpuChainSpec.model_validate({"model": "m", "count": 5}).total == 5
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"steps": [{"path": "/upstream/m/prompt"}, {"path": "/upstream/other/prompt"}]}, "another model's server"),
+        ({"count": 2, "template": {"path": "/upstream/other/x"}}, "another model's server"),
+        ({"steps": [{"path": "/v1/models"}]}, "POST /v1/models: method and path must be a route"),
+        ({"steps": [{"path": "/upstream/m/../v1/chat/completions"}]}, "String should match pattern"),
+    ],
+)
+def test_a_chains_steps_use_the_bridges_routes_and_their_own_models_server(spec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        GpuChainSpec.model_validate({"model": "m", **spec})
+    ok = {
+        "steps": [{"path": "/upstream/m/prompt", "body": {"prompt": {}}}, {"method": "GET", "path": "/sdapi/v1/loras"}]
+    }
+    assert GpuChainSpec.model_validate({"model": "m", **ok}).request(1) == {"method": "GET", "path": "/sdapi/v1/loras"}
 
 
 def test_a_step_job_carries_the_chains_fields_labels_owner_and_request() -> None:

@@ -1,12 +1,16 @@
-"""What the bridge routes, as llama-swap (v250, ``internal/server/server.go``) routes it: each path, where
+"""What gpulane routes, as llama-swap (v250, ``internal/server/server.go``) routes it: each path, where
 the call names its model, and the path the model server gets. docs/bridge.md has the whole table, with
 llama-swap's routes that gpulane answers itself or leaves out.
+
+One table for every way a call reaches a model: the bridge's calls, a GpuJob's ``spec.request`` and a
+chain's steps (the CRD's rule and admission check them against it, and the executor sends them by it).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 # Where a route finds its model: the JSON body's "model", the multipart form's "model" field, the query's
 # ``model`` parameter, or the path itself (/upstream/<model>/...).
@@ -78,3 +82,35 @@ def route(method: str, path: str) -> Route | None:
 def paths(method: str) -> list[str]:
     """The fixed paths routed for ``method`` (the /upstream prefix aside)."""
     return sorted(p for m, p in TABLE if m == method)
+
+
+# A job's request path: segments of plain characters, so no '.', '..' or empty segment (a client would
+# resolve it into another path than the one judged), no query and no fragment.
+PLAIN_PATH = r"^(/[A-Za-z0-9_~-][A-Za-z0-9_.~-]*)+$"
+JobMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+JOB_METHODS: tuple[str, ...] = get_args(JobMethod)
+# /upstream/<model>/<path>: a model segment and at least one segment of the server's path.
+UPSTREAM_PATH = r"^/upstream/[^/]+/.+$"
+
+
+def fixed_routes() -> list[str]:
+    """Every fixed route as ``METHOD path``: what a job's request may name besides /upstream."""
+    return sorted(f"{method} {path}" for method, path in TABLE)
+
+
+def routed_for_jobs(method: str, path: str) -> bool:
+    """Whether a job's request may name ``method path``: as the CRD's rule says (``api.resources.ROUTE_RULE``)."""
+    if path.startswith(UPSTREAM):
+        return re.match(UPSTREAM_PATH, path) is not None
+    return (method, path) in TABLE
+
+
+def job_route(method: str, path: str, model: str) -> Route:
+    """The route of a job's request for ``model``, or a ValueError saying why it has none."""
+    found = route(method, path)
+    if found is None or not routed_for_jobs(method, path):
+        raise ValueError(f"{method} {path} is not a route gpulane sends: use one of the bridge's routes "
+                         "(docs/bridge.md) or /upstream/<model>/<path>")  # fmt: skip
+    if found.model_from == "path" and found.model != model:
+        raise ValueError(f"{path} reaches another model's server: a job of {model} uses /upstream/{model}/<path>")
+    return found
