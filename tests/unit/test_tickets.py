@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.api.resources import Ticket
@@ -153,8 +153,8 @@ def test_a_jobs_request_becomes_the_bridges_call_on_every_kind_of_route() -> Non
     assert loras.target == "/sdapi/v1/loras?refresh=true&model=sd" and loras.body == b""
     upstream = job_call({"method": "GET", "path": "/upstream/m/history/abc"}, "m", 1 << 20)
     assert (upstream.method, upstream.target, upstream.body) == ("GET", "/history/abc", b"")
-    form = job_call({"path": "/v1/audio/transcriptions",
-                     "body": {"file": {"dataBase64": "AAEC", "filename": "a.wav"}, "language": "en"}}, "w", 1 << 20)  # fmt: skip
+    audio = {"file": {"dataBase64": "AAEC", "filename": "a.wav"}, "language": "en"}
+    form = job_call({"path": "/v1/audio/transcriptions", "body": audio}, "w", 1 << 20)
     assert form.source == "form" and form_field(form.content_type, form.body, "model") == "w"
     assert form_field(form.content_type, form.body, "language") == "en" and b'filename="a.wav"' in form.body
     with pytest.raises(ValueError, match="another model's server"):
