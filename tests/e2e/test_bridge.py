@@ -20,7 +20,16 @@ import openai
 import pytest
 import yaml
 
-from .operator_support import OPERATOR_NAMESPACE, BridgeProcess, FakeBackendProcess, OperatorProcess, World
+from .operator_support import (
+    API,
+    GROUP,
+    OPERATOR_NAMESPACE,
+    VERSION,
+    BridgeProcess,
+    FakeBackendProcess,
+    OperatorProcess,
+    World,
+)
 from .support import REPO, Cluster, wait_until
 
 from suite_groups import free_port  # isort: skip  (tests/, put on sys.path by .support)
@@ -60,7 +69,8 @@ class Setup:
 
 @pytest.fixture
 def setup(cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path) -> Iterator[Setup]:
-    model = world.model("chat", ready_delay="1s")
+    # Its server answers ComfyUI's POST /prompt with a ticket too (the fake backend speaks both).
+    model = world.model("chat", ready_delay="1s", ticket={"intervalSeconds": 0.2})
     lane = world.lane()
     backend = FakeBackendProcess(cluster, tmp_path, "--model", model, "--chunks", "6", "--chunk-delay", "0.2").launch()
     keys = tmp_path / "keys.yaml"
@@ -115,6 +125,45 @@ def test_an_sdapi_call_and_an_upstream_call_are_queued_jobs_like_any_other(setup
     stats, headers = call("GET", f"/upstream/{setup.model}/stats")
     assert "per_model" in stats and "X-Gpulane-Job" not in headers
     assert len(setup.jobs()) == 2
+
+
+RENDER = {"3": {"class_type": "KSampler", "inputs": {"seed": 7}}, "9": {"class_type": "SaveImage", "inputs": {}}}
+
+
+def test_a_chain_through_upstream_routes_holds_each_render_until_its_ticket_is_done(setup: Setup) -> None:
+    """A film as ComfyUI renders it (issue 33): each step is POST /upstream/<model>/prompt, which the server
+    answers at once with a ticket. The model's spec.ticket makes the executor poll /history/{prompt_id}: the
+    step stays Running, holding the lane, until the render is done, and its stored answer is the finished
+    render, not the ticket. A third step reads the server's own /props through /upstream with GET."""
+    world = setup.world
+    name = world.name("film")
+    render = {"path": f"/upstream/{setup.model}/prompt", "body": {"prompt": RENDER, "client_id": "e2e"}}
+    props = {"method": "GET", "path": f"/upstream/{setup.model}/props"}
+    world.apply({"apiVersion": API, "kind": "GpuChain", "metadata": {"name": name, "namespace": world.namespace},
+                 "spec": {"model": setup.model, "steps": [render, render, props]}})  # fmt: skip
+    answers = []
+    for index in range(3):
+        done = world.wait_phase(f"{name}-{index}", "Succeeded", "Failed", timeout=60)
+        assert done["phase"] == "Succeeded", done
+        stored = world.core.read_namespaced_config_map(done["result"]["configMap"], world.namespace)
+        answers.append(json.loads(stored.data["response.json"]))
+    for entry in (next(iter(a.values())) for a in answers[:2]):
+        assert entry["status"] == {**entry["status"], "status_str": "success", "completed": True}
+        assert entry["outputs"]["9"]["images"][0]["type"] == "output"
+    assert answers[2]["model_path"] == setup.model
+    wait_until(lambda: chain_phase(world, name) == "Succeeded" or None, what="the chain Succeeded")
+    # The bridge's own call to the same route answers with the finished render too.
+    headers = {"Authorization": f"Bearer {USER_KEY}", "Content-Type": "application/json"}
+    request = urllib.request.Request(f"{setup.bridge.url}/upstream/{setup.model}/prompt", method="POST",
+                                     data=json.dumps({"prompt": RENDER}).encode(), headers=headers)  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        (entry,) = json.loads(resp.read()).values()
+    assert entry["status"]["completed"] is True
+
+
+def chain_phase(world: World, name: str) -> str | None:
+    body = world.custom.get_namespaced_custom_object(GROUP, VERSION, world.namespace, "gpuchains", name)
+    return (body.get("status") or {}).get("phase")
 
 
 def test_streaming_chunks_arrive_one_by_one(setup: Setup) -> None:
