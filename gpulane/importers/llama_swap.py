@@ -3,7 +3,7 @@
 One GpuModel per llama-swap model, on stdout as multi-document YAML; one warning line on stderr for each
 key that cannot be carried over, saying why. Macros are expanded as llama-swap expands them (global, then
 the model's own, each able to use those before it; ``${env.NAME}``; ``${PORT}`` and ``${MODEL_ID}``).
-A ``cmd`` becomes the serving container's command and args, with its program mapped to an image by
+A ``cmd`` becomes the serving container's args, run by the entrypoint of the image its program is mapped to by
 ``--image PROGRAM=IMAGE``; a ``docker run`` or ``podman run`` line gives its own image, volumes, env and
 port. What would not run in a pod is rewritten, each time with a warning: a server bound to loopback is
 bound to every address, and ``${env.NAME}`` is read from a Secret instead of written into the manifest
@@ -245,7 +245,12 @@ def model_manifest(
         if image is None:
             image = f"set-me/{Path(program).name}"
             out.warn(f"{where}.cmd", f"no image for {program}: give --image {program}=IMAGE (written as {image})")
-        spec.update(image=image, command=[program], args=words[1:])
+        else:
+            out.warn(f"{where}.cmd", f"{image}'s entrypoint runs in place of {program}, with the cmd's arguments "
+                     "(give the model a command if the image's entrypoint is not the server)")  # fmt: skip
+        # The program's path on the host means nothing in the image: a server image's entrypoint is its server
+        # (llama.cpp's /app/llama-server, vLLM's, whisper.cpp's), which gets the cmd's arguments.
+        spec.update(image=image, args=words[1:])
     proxy = raw.get("proxy")
     if proxy is not None:
         address = expand(str(proxy), table, environ, f"{where}.proxy")

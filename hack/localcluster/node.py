@@ -139,6 +139,16 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
   BinaryName = "{RUNC}"
   Root = "{node / "runc"}"
   SystemdCgroup = false
+
+# A handler named nvidia, as k3s adds when it finds the NVIDIA container toolkit, so that RuntimeClass nvidia
+# (docs/quickstart-gpu.md) runs here as on a GPU box. No GPU here: it is runc.
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]
+  BinaryName = "{RUNC}"
+  Root = "{node / "runc"}"
+  SystemdCgroup = false
 """
 
 
