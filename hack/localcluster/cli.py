@@ -7,7 +7,7 @@ import argparse
 from . import llama_server
 from .cluster import down, restart, status, up
 from .errors import ClusterError, stderr_log
-from .images import build_images
+from .images import build_base, build_images, build_project
 from .layout import Layout, default_state_dir, tools_bindir
 
 USAGE = """gpulane's local Kubernetes cluster: etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
@@ -18,7 +18,10 @@ kube-proxy), built from the pinned Go modules in hack/tools (see docs/developmen
     python hack/gpulane_cluster.py status   show the components and their health
     python hack/gpulane_cluster.py down     stop exactly the processes `up` started, remove the state
     python hack/gpulane_cluster.py env      print `export KUBECONFIG=...` and the tools' PATH
-    python hack/gpulane_cluster.py images   build the real node's images (cached by content)
+    python hack/gpulane_cluster.py images   build the real node's images (cached by content); prints each
+                                            image's name and archive
+    python hack/gpulane_cluster.py image    build gpulane's own image alone (no Go needed), for a cluster
+                                            of your own: `k3s ctr images import ARCHIVE`
     python hack/gpulane_cluster.py llama-server
                                             build llama.cpp's llama-server into an image (the e2e
                                             suite's real model server; once, about 6.5 min)
@@ -38,7 +41,7 @@ Environment:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "env", "images", "llama-server", "restart"])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "images", "image", "llama-server", "restart"])
     parser.add_argument("component", nargs="?", help="for restart: the component to restart")
     parser.add_argument("--graceful", action="store_true", help="for restart: SIGTERM instead of SIGKILL")
     args = parser.parse_args(argv)
@@ -59,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
             seconds = restart(args.component, crash=not args.graceful)
             print(f"{args.component} restarted; the cluster was healthy again after {seconds:.1f}s")
         elif args.command == "images":
-            build_images(stderr_log)
+            for image in build_images(stderr_log):
+                print(f"{image.name} {image.archive}")
+        elif args.command == "image":  # gpulane's own, for a cluster that has its pause (docs/quickstart-gpu.md)
+            project = build_project(*build_base(stderr_log), stderr_log)
+            print(f"{project.name} {project.archive}")
         elif args.command == "llama-server":
             image = llama_server.build_image(stderr_log)
             print(f"{image.name} {image.archive}")
