@@ -41,7 +41,9 @@ Environment:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "env", "images", "image", "llama-server", "restart"])
+    parser.add_argument(
+        "command", choices=["up", "down", "status", "env", "images", "image", "llama-server", "restart"]
+    )
     parser.add_argument("component", nargs="?", help="for restart: the component to restart")
     parser.add_argument("--graceful", action="store_true", help="for restart: SIGTERM instead of SIGKILL")
     args = parser.parse_args(argv)
