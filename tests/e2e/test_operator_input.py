@@ -31,7 +31,10 @@ def _refused(world: World, doc: dict) -> str:
         ({"maxRunSeconds": 0}, "spec.maxRunSeconds"),
         ({"maxRunSeconds": 10**9}, "spec.maxRunSeconds"),
         ({"tier": ""}, "spec.tier"),
-        ({"request": {"path": "/admin", "body": {}}}, "spec.request.path"),
+        ({"request": {"path": "/admin", "body": {}}}, "spec.request: Invalid value: method and path must be a route"),
+        ({"request": {"method": "GET", "path": "/v1/chat/completions"}}, "method and path must be a route"),
+        ({"request": {"path": "/upstream/flux/prompt"}}, "an /upstream path names the job's own model"),
+        ({"request": {"path": "/upstream/sdxl/../v1/chat/completions"}}, "spec.request.path"),
         ({"request": {"path": "/v1/../metrics", "body": {}}}, "spec.request.path"),  # resolved to /metrics
         ({"request": {"path": "/v1//props", "body": {}}}, "spec.request.path"),
         ({"bogus": 1}, 'unknown field "spec.bogus"'),
