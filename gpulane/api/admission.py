@@ -43,6 +43,10 @@ class AdmissionPolicy(CamelModel):
     # At most this many jobs of one namespace wait at once; more are failed on arrival (NamespaceQueueFull)
     # by the operator. Unset: no limit.
     max_pending_per_namespace: int | None = Field(default=None, ge=1)
+    # At most this many jobs of one member wait at once in one namespace (MemberQueueFull). The bridge's calls
+    # are all jobs of its namespace, one member per key: this cap is each key's, where the namespace's is one
+    # for every key together. Unset: no limit.
+    max_pending_per_member: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _unique_names(self) -> AdmissionPolicy:

@@ -31,6 +31,7 @@ from gpulane.bridge.catalog import ServedModel, outgoing
 from gpulane.bridge.jobs import JobQueue, JobState, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
 from gpulane.bridge.tickets import TicketError, issues_ticket, settle
+from gpulane.core.chains import QUEUE_FULL
 from gpulane.kube.client import why
 
 log = logging.getLogger(__name__)
@@ -291,10 +292,7 @@ class Bridge:
                 why = f"job {name} ended {state.phase if state else 'unseen'} before it ran"
                 if state and state.message:
                     why += f": {state.message}"
-                # A QueueTimeout says so in its code: the caller's own deadline passed, and retrying later may
-                # find a shorter queue.
-                code = "queue_timeout" if state and state.reason == "QueueTimeout" else "job_not_run"
-                return await self._fail(response, CallError(503, why, kind="server_error", code=code, retry_after=1))
+                return await self._fail(response, not_run(why, state.reason if state else None))
             body, target = outgoing(call, model, identity.priority)
             return await self._proxy(request, call, Outgoing(model.name, body, target, model.ticket), name, state,
                                      headers,
@@ -438,6 +436,17 @@ def _queued_comment(state: JobState) -> bytes:
     if state.estimated_start:
         parts.append(f"estimated start {state.estimated_start}")
     return f": {', '.join(parts)}\n\n".encode()
+
+
+def not_run(why: str, reason: str | None) -> CallError:
+    """A call whose job ended before it ran. A full queue (the GpuPolicy's maxPendingPerNamespace or
+    maxPendingPerMember) is a 429, as the bridge's own caps are; a QueueTimeout says so in its code (the caller's
+    own deadline passed, and retrying later may find a shorter queue)."""
+    if reason in QUEUE_FULL:
+        code = "member_queue_full" if reason == "MemberQueueFull" else "namespace_queue_full"
+        return CallError(429, why, kind="rate_limit_error", code=code, retry_after=1)
+    code = "queue_timeout" if reason == "QueueTimeout" else "job_not_run"
+    return CallError(503, why, kind="server_error", code=code, retry_after=1)
 
 
 def _denied(err: Denied) -> CallError:

@@ -60,13 +60,17 @@ class ChainPlan:
     message: str
 
 
+# Refusals of a job on arrival for a full queue (admission.maxPendingPerNamespace, maxPendingPerMember).
+QUEUE_FULL = frozenset({"NamespaceQueueFull", "MemberQueueFull"})
+
+
 def plan(
     rules: ChainRules, jobs: Iterable[StepJob], now: float, succeeded: Iterable[int] = (), gave_up: Iterable[int] = ()
 ) -> ChainPlan:
     """What to create now, and the chain's status. Steps are created in order, at most ``in_flight`` at a
     time: a step ends, the next is created. A step that failed (or was cancelled) is created again, as
-    its next attempt, while it has attempts left; one refused for its namespace's full queue
-    (``NamespaceQueueFull``) is not: another attempt now would meet the same queue. ``succeeded`` and
+    its next attempt, while it has attempts left; one refused for its namespace's or member's full queue
+    (``QUEUE_FULL``) is not: another attempt now would meet the same queue. ``succeeded`` and
     ``gave_up`` are the steps the chain's status says succeeded, or failed with no attempt left: they are
     never made again, whatever became of their jobs (deleted after their TTL, or by hand), so a chain that
     failed stays failed. Any other step whose job is gone is created again from scratch."""
@@ -78,7 +82,7 @@ def plan(
     done = {i for i, j in latest.items() if j.phase == "Succeeded"}
     done |= {i for i in succeeded if 0 <= i < rules.total}
     lost = sorted(i for i, j in latest.items() if j.phase in ("Failed", "Cancelled") and i not in done)
-    final = {i for i in lost if latest[i].attempt >= rules.retries or latest[i].reason == "NamespaceQueueFull"}
+    final = {i for i in lost if latest[i].attempt >= rules.retries or latest[i].reason in QUEUE_FULL}
     failed = sorted(final | ({i for i in gave_up if 0 <= i < rules.total} - done))
     again = [(i, latest[i].attempt + 1) for i in lost if i not in final]
     active = [j for j in latest.values() if not j.ended and j.index not in done]
@@ -91,8 +95,8 @@ def plan(
         step = failed[0]
         if step not in latest:
             why = f"step {step} failed with no attempt left (its jobs are gone)"
-        elif latest[step].reason == "NamespaceQueueFull":
-            why = f"step {step} was refused, its namespace's queue full (NamespaceQueueFull): {latest[step].name}"
+        elif (reason := latest[step].reason) in QUEUE_FULL:
+            why = f"step {step} was refused, its queue full ({reason}): {latest[step].name}"
         else:
             why = f"step {step} failed after {latest[step].attempt + 1} attempt(s): {latest[step].name}"
         if rules.exhausted == "Fail":

@@ -182,7 +182,7 @@ class Controller:
             self._cancel(view)
 
     def _admit(self, body: Body) -> None:
-        full = self.jobs.full(body, self.observed.pending_cap)
+        full = self.jobs.full(body, self.observed.pending_cap, self.observed.member_pending_cap)
         result = full or job_from_body(body, self.dispatcher.policy, self.clock(), self.jobs.arrivals)
         if isinstance(result, Refusal):
             self._refuse(body, result)

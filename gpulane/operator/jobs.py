@@ -111,7 +111,8 @@ class JobTable:
         self._jobs: dict[str, JobView] = {}
         self._parked: dict[str, set[str]] = {}  # model -> keys
         self._on_lane: dict[str, dict[str, JobView]] = {}  # lane -> key -> its assigned and running jobs
-        self._waiting: dict[str, set[str]] = {}  # namespace -> keys of its pending and parked jobs
+        # namespace, and (namespace, member) -> keys of the pending and parked jobs there
+        self._waiting: dict[str | tuple[str, str], set[str]] = {}
         self.arrivals = Arrivals()  # the submission times given at first sight, to keep them apart
 
     def get(self, key: str) -> JobView | None:
@@ -148,19 +149,29 @@ class JobTable:
             for key in list(keys):
                 yield self._jobs[key]
 
-    def full(self, body: Body, cap: int | None) -> Refusal | None:
+    def full(self, body: Body, cap: int | None, member_cap: int | None = None) -> Refusal | None:
         """A refusal if the new job's namespace already has ``cap`` jobs waiting (the policy's
-        ``admission.maxPendingPerNamespace``), else None."""
+        ``admission.maxPendingPerNamespace``), or its member ``member_cap`` in that namespace
+        (``admission.maxPendingPerMember``), else None."""
         namespace = body["metadata"]["namespace"]
         waiting = len(self._waiting.get(namespace, ()))
-        if cap is None or waiting < cap:
-            return None
-        why = f"namespace {namespace} already has {waiting} jobs waiting (admission.maxPendingPerNamespace is {cap})"
-        return Refusal("NamespaceQueueFull", why)
+        if cap is not None and waiting >= cap:
+            why = (
+                f"namespace {namespace} already has {waiting} jobs waiting (admission.maxPendingPerNamespace is {cap})"
+            )
+            return Refusal("NamespaceQueueFull", why)
+        member = str((body.get("spec") or {}).get("member") or namespace)
+        mine = len(self._waiting.get((namespace, member), ()))
+        if member_cap is not None and mine >= member_cap:
+            why = (f"member {member} already has {mine} jobs waiting in namespace {namespace} "
+                   f"(admission.maxPendingPerMember is {member_cap})")  # fmt: skip
+            return Refusal("MemberQueueFull", why)
+        return None
 
     def _wait(self, view: JobView, waiting: bool) -> None:
-        keys = self._waiting.setdefault(view.namespace, set())
-        (keys.add if waiting else keys.discard)(view.key)
+        for bucket in (view.namespace, (view.namespace, view.job.member)):
+            keys = self._waiting.setdefault(bucket, set())
+            (keys.add if waiting else keys.discard)(view.key)
 
     # -- moves ----------------------------------------------------------------------------------
 

@@ -30,4 +30,5 @@ class Observed:
     unload_seen: float = 0.0  # the renewTime of the last /unload Lease acted on, or found at the start
     run_limits: RunLimits = field(default_factory=RunLimits)  # the GpuPolicy's, or the defaults without one
     pending_cap: int | None = None  # the GpuPolicy's admission.maxPendingPerNamespace
+    member_pending_cap: int | None = None  # and its admission.maxPendingPerMember
     retention: Retention = field(default_factory=Retention)  # the GpuPolicy's ttlSecondsAfterFinished

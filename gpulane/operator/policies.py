@@ -34,7 +34,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
     meta = body["metadata"]
     if kind == "DELETED":
         host.use_policy(Policy())
-        host.observed.run_limits, host.observed.pending_cap = RunLimits(), None
+        host.observed.run_limits, host.observed.pending_cap, host.observed.member_pending_cap = RunLimits(), None, None
         host.observed.retention = Retention()
         host.policy_generation = None
         return
@@ -52,6 +52,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         host.use_policy(parsed.scoring())
         host.observed.run_limits = parsed.run_limits
         host.observed.pending_cap = parsed.admission.max_pending_per_namespace
+        host.observed.member_pending_cap = parsed.admission.max_pending_per_member
         host.observed.retention = parsed.ttl_seconds_after_finished
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
     host.policy_generation = generation

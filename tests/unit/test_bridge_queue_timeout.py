@@ -111,3 +111,24 @@ def test_a_call_may_lower_its_run_limit_but_never_raise_it() -> None:
         assert [s.max_run_seconds for s in queue.submissions] == [120, 600, 600]
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("reason", "code"), [("MemberQueueFull", "member_queue_full"), ("NamespaceQueueFull", "namespace_queue_full")]
+)
+def test_a_job_refused_for_a_full_queue_is_a_429_that_says_which(reason: str, code: str) -> None:
+    """Issue 34's L5: the GpuPolicy's maxPendingPerMember (or maxPendingPerNamespace) refused the call's job on
+    arrival: the caller gets a 429 with Retry-After, as for the bridge's own caps, not a 503."""
+
+    class FullQueue(ExpiringQueue):
+        async def follow(self, name: str) -> AsyncIterator[JobState]:
+            yield JobState("Failed", reason=reason, message="member app already has 2 jobs waiting")
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(bridge(FullQueue()).app())) as http:
+            resp = await http.post("/v1/chat/completions", json=CHAT, headers=AUTH)
+            error = (await resp.json())["error"]
+            assert (resp.status, resp.headers["Retry-After"]) == (429, "1")
+            assert (error["type"], error["code"]) == ("rate_limit_error", code)
+
+    asyncio.run(scenario())

@@ -80,13 +80,14 @@ def test_a_chain_that_failed_stays_failed_when_its_steps_jobs_are_deleted() -> N
     assert (paused.phase, paused.create) == ("Paused", ())
 
 
-def test_a_step_refused_for_a_full_namespace_queue_spends_no_retries() -> None:
-    """Review M5: NamespaceQueueFull fails a step at once; retrying it at once meets the same full queue,
-    and with in-flight 64 and retries 100 made thousands of failed jobs in seconds."""
-    full = StepJob(0, 0, step_name("film", 0, 0), "Failed", reason="NamespaceQueueFull")
+@pytest.mark.parametrize("reason", ["NamespaceQueueFull", "MemberQueueFull"])
+def test_a_step_refused_for_a_full_queue_spends_no_retries(reason: str) -> None:
+    """Review M5: NamespaceQueueFull (or MemberQueueFull) fails a step at once; retrying it at once meets the
+    same full queue, and with in-flight 64 and retries 100 made thousands of failed jobs in seconds."""
+    full = StepJob(0, 0, step_name("film", 0, 0), "Failed", reason=reason)
     decided = plan(ChainRules(total=3, retries=100, exhausted="Pause"), [full], 0)
     assert (decided.phase, decided.create, decided.gave_up) == ("Paused", (), {0})
-    assert "NamespaceQueueFull" in decided.message
+    assert reason in decided.message
 
 
 def test_a_cancelled_step_counts_as_failed_and_a_deleted_one_is_made_again() -> None:

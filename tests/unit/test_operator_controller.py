@@ -1081,6 +1081,30 @@ def test_a_namespace_over_its_pending_cap_gets_its_new_jobs_failed():
     asyncio.run(scenario())
 
 
+def test_a_member_over_its_pending_cap_gets_its_new_jobs_failed_and_other_members_of_its_namespace_do_not():
+    """Issue 34's L5: the bridge's calls are all jobs of one namespace, one member per key. With
+    admission.maxPendingPerMember, one key's full queue refuses that key's next call, never another key's."""
+
+    async def scenario() -> None:
+        w = World()
+        policy = {"metadata": {"name": "default", "generation": 3},
+                  "spec": {"admission": {"maxPendingPerMember": 2}}}  # fmt: skip
+        w.ctl.policy_event("ADDED", w.kube.put("gpupolicies", policy))
+        await w.warm("run")  # holds the lane: what follows waits
+        for name in ("a1", "a2", "a3", "b1"):
+            body = job_body(name)
+            body["spec"]["member"] = "key-b" if name == "b1" else "key-a"
+            w.ctl.job_event("ADDED", w.kube.put("gpujobs", body))
+        await w.settle()
+        status = w.kube.job("a3")["status"]
+        assert (status["phase"], status["reason"]) == ("Failed", "MemberQueueFull")
+        assert "member key-a already has 2 jobs waiting" in status["message"]
+        assert w.kube.job("b1").get("status", {}).get("phase") != "Failed"
+        assert w.ctl.dispatcher.pending_count == 3  # a1, a2 and b1
+
+    asyncio.run(scenario())
+
+
 def test_a_finished_job_whose_status_is_forged_running_takes_no_lane():
     """Issue 16, item 6 (its adoption part): patching a Succeeded job back to Running on a lane must not
     make the operator adopt it and swap the lane to its model (reproduced with the README's tour)."""
