@@ -26,12 +26,12 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from gpulane.admission.configuration import ADMITTED, STATUS_CHANGED
+from gpulane.admission.configuration import ADMITTED, AUTHOR_CHANGED, STATUS_CHANGED
 from gpulane.admission.review import OUTCOME_FIELDS, OUTCOME_PHASES, QUEUE_FIELDS, REQUEST_FIELDS
 from gpulane.admission.rules import SERVICE_ACCOUNT_PREFIX
 from gpulane.api.admission import AdmissionPolicy, Rule, Subjects
 from gpulane.api.chains import CHAIN_LABEL
-from gpulane.api.contract import REQUESTED_PRIORITY
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, REQUESTED_PRIORITY
 from gpulane.api.resources import GROUP, VERSION, GpuJobSpec, GpuJobStatus, GpuPolicySpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.durations import MAX_SECONDS
@@ -205,6 +205,11 @@ def _maybe(field: str, value: str, condition: str) -> str:
     return f"?{field}: ({condition}) ? optional.of({value}) : optional.none()"
 
 
+# The caller's groups as a JSON list of strings, as review.author_annotations writes them.
+QUOTED = r"""'"' + g.replace('\\', '\\\\').replace('"', '\\"') + '"'"""
+GROUPS_JSON = f"'[' + variables.groups.map(g, {QUOTED}).join(',') + ']'"
+
+
 def job_defaults() -> dict[str, Any]:
     """review.mutate_job: a run limit within the policy's, the priority resolved and capped (the asked value
     kept in an annotation), member and tier from the caller. What would be refused is left for the
@@ -214,7 +219,14 @@ def job_defaults() -> dict[str, Any]:
     capped = "variables.valid && !variables.reject && variables.priority > variables.cap"
     run, priority, member, tier = (_f(GpuJobSpec, f) for f in ("max_run_seconds", "priority", "member", "tier"))
     default_run = f"{LIMITS}.{_f(RunLimits, 'default_seconds')}"
-    annotations = _maybe("annotations", f"{{{_lit(REQUESTED_PRIORITY)}: {requested}}}", capped)
+    # A chain's author, whatever it wrote there (review.author_annotations): its steps are judged as theirs.
+    chain = "request.resource.resource == 'gpuchains'"
+    entries = ", ".join([
+        f"?{_lit(REQUESTED_PRIORITY)}: ({capped}) ? optional.of(string({requested})) : optional.none()",
+        f"?{_lit(AUTHOR)}: ({chain}) ? optional.of(variables.user) : optional.none()",
+        f"?{_lit(AUTHOR_GROUPS)}: ({chain}) ? optional.of({GROUPS_JSON}) : optional.none()",
+    ])  # fmt: skip
+    annotations = _maybe("annotations", f"{{{entries}}}", f"({capped}) || ({chain})")
     fields = [
         _maybe(
             run,
@@ -346,7 +358,16 @@ def job_rules() -> dict[str, Any]:
             ),
         ],
     }
-    spec["validations"] = [_folded(spec["validations"])]
+    folded = _folded(spec["validations"])
+    # Not skipped with an unchanged spec: an update of the annotations alone must not name another author.
+    author = f"request.operation != 'UPDATE' || request.resource.resource != 'gpuchains' || !({AUTHOR_CHANGED})"
+    refused = (f"'metadata.annotations[{AUTHOR}] and [{AUTHOR_GROUPS}] cannot change: a chain\\'s steps are "
+               "judged as its author\\'s'")  # fmt: skip
+    spec["validations"] = [{
+        "expression": f"({author}) && ({folded['expression']})",
+        "messageExpression": f"!({author}) ? ({refused}) : ({folded['messageExpression']})",
+        "reason": "Forbidden",
+    }]  # fmt: skip
     return spec
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpulane.api.chains import CHAIN_LABEL
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS
 from gpulane.api.resources import GROUP, VERSION
 
 NAME = "gpulane"
@@ -79,6 +80,20 @@ def _webhook(
 SPEC_CHANGED = {"name": "spec-changed", "expression": "request.operation != 'UPDATE' || object.spec != oldObject.spec"}
 
 
+def annotation(obj: str, key: str) -> str:
+    """CEL: annotation ``key`` of ``obj`` (object, oldObject), '' when it has none."""
+    found = f"{obj}.metadata.annotations"
+    return f"(has({found}) && '{key}' in {found} ? {found}['{key}'] : '')"
+
+
+# A chain's author annotations changed (contract.AUTHOR): refused whoever asks, spec changed or not.
+AUTHOR_CHANGED = " || ".join(
+    f"{annotation('object', k)} != {annotation('oldObject', k)}" for k in (AUTHOR, AUTHOR_GROUPS)
+)
+SPEC_OR_AUTHOR_CHANGED = {"name": "spec-or-author-changed",
+                          "expression": f"{SPEC_CHANGED['expression']} || {AUTHOR_CHANGED}"}  # fmt: skip
+
+
 # Status writes that change the status; ``operators`` are left out by ``_not_by``: the operator's own
 # writes never wait on the webhook (it keeps dispatching and ending jobs while the webhook is down).
 STATUS_CHANGED = {
@@ -137,7 +152,7 @@ def webhook_configurations(
         validate_job["matchConditions"].append(not_a_chain_step(operators))
     validate_chain = _webhook(VALIDATE_CHAIN, "gpuchains", ["CREATE", "UPDATE"], "Namespaced", cc(VALIDATE_CHAIN),
                               namespace_selector)  # fmt: skip
-    validate_chain["matchConditions"] = [SPEC_CHANGED]
+    validate_chain["matchConditions"] = [SPEC_OR_AUTHOR_CHANGED]
     hooks = [validate_job, validate_chain]
     if operators:
         validate_status = _webhook(VALIDATE_STATUS, "gpujobs/status", ["UPDATE"], "Namespaced", cc(VALIDATE_STATUS),

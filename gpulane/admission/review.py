@@ -6,6 +6,7 @@ Every refusal is a ``Refused`` with a sentence that names the caller, the value 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from gpulane.admission.rules import Caller, Grant, grant
 from gpulane.api.admission import AdmissionPolicy
-from gpulane.api.contract import REQUESTED_PRIORITY
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, REQUESTED_PRIORITY
 from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy, PolicyError
@@ -253,6 +254,59 @@ def validate_status(new: Mapping[str, Any], old: Mapping[str, Any], caller: Call
             f"user {caller.username} may not change {fields}: only the operator does; an executor writes "
             f"{', '.join(sorted(OUTCOME_FIELDS))}"
         )
+
+
+def author_annotations(caller: Caller) -> dict[str, str]:
+    """What a GpuChain's create records of its author: the identity its steps are judged as (``judge_step``)."""
+    return {AUTHOR: caller.username, AUTHOR_GROUPS: json.dumps(list(caller.groups), separators=(",", ":"))}
+
+
+def author_of(meta: Mapping[str, Any]) -> Caller | None:
+    """The author a GpuChain's annotations name, or None for a chain that admission never saw."""
+    annotations = _mapping(meta.get("annotations"))
+    user = annotations.get(AUTHOR)
+    if not isinstance(user, str) or not user:
+        return None
+    try:
+        groups = json.loads(str(annotations.get(AUTHOR_GROUPS) or "[]"))
+    except ValueError:
+        groups = []
+    listed = tuple(str(g) for g in groups) if isinstance(groups, list) else ()
+    return Caller(user, listed, meta.get("namespace"))
+
+
+def check_author(new_meta: Mapping[str, Any], old_meta: Mapping[str, Any]) -> None:
+    """A chain's author annotations never change: a user who could rewrite them would be judged as another."""
+    new, old = _mapping(new_meta.get("annotations")), _mapping(old_meta.get("annotations"))
+    for key in (AUTHOR, AUTHOR_GROUPS):
+        if new.get(key) != old.get(key):
+            raise Refused(f"metadata.annotations[{key}] cannot change: a chain's steps are judged as its author's")
+
+
+def judge_step(
+    spec: Mapping[str, Any], author: Caller, admission: AdmissionPolicy, policy: Policy
+) -> tuple[dict[str, Any], list[str]]:
+    """A chain's step as its author may submit it today: the priority capped by the rules in force, and, for an
+    author who is not trusted (any more), the author's own tier and member. Returns the step's spec and a
+    sentence per change. A chain is admitted once; its steps may come for days, after a rule is gone."""
+    out, notes = dict(spec), []
+    granted = grant(author, admission, policy)
+    try:
+        priority = resolve_priority(spec.get("priority", 0))
+    except ValueError:
+        priority = None  # the schema's to refuse; the core refuses it as the job's
+    if priority is not None and priority > granted.cap:
+        out["priority"] = granted.cap
+        notes.append(f"priority {priority} capped to {granted.cap} for user {author.username} "
+                     f"(rule: {granted.cap_rule})")  # fmt: skip
+    if not granted.trusted:
+        own = own_member(author, admission)
+        for field, theirs, rule in (("tier", granted.tier, granted.tier_rule), ("member", own, None)):
+            if spec.get(field) not in (None, theirs):
+                out[field] = theirs
+                why = f" (rule: {rule})" if rule else ""
+                notes.append(f"{field} {_text(spec.get(field))!r} is not user {author.username}'s: {theirs!r}{why}")
+    return out, notes
 
 
 def validate_policy(spec: Mapping[str, Any]) -> GpuPolicySpec:

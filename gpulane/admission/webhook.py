@@ -26,7 +26,15 @@ from gpulane.admission.configuration import (
     VALIDATE_POLICY,
     VALIDATE_STATUS,
 )
-from gpulane.admission.review import Refused, mutate_job, validate_job, validate_policy, validate_status
+from gpulane.admission.review import (
+    Refused,
+    author_annotations,
+    check_author,
+    mutate_job,
+    validate_job,
+    validate_policy,
+    validate_status,
+)
 from gpulane.admission.rules import Caller
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.chains import CHAIN_LABEL
@@ -196,6 +204,8 @@ async def default_chain(
     **_: Any,
 ) -> None:  # fmt: skip
     _default(_job_fields(dict(body))["spec"], body, patch, userinfo, warnings, _state(memo))
+    for key, value in author_annotations(_caller(userinfo, body)).items():  # whatever the author wrote there
+        patch.metadata.annotations[key] = value
 
 
 @kopf.on.validate(GROUP, VERSION, "gpujobs", id=VALIDATE_JOB, operations=["CREATE", "UPDATE"])
@@ -210,6 +220,11 @@ async def validate_gpujob(body: kopf.Body, userinfo: kopf.UserInfo, memo: Any, *
 async def validate_gpuchain(body: kopf.Body, userinfo: kopf.UserInfo, memo: Any, **kwargs: Any) -> None:
     old: kopf.Body | None = kwargs.get("old")
     previous = None if old is None else _job_fields(dict(old))
+    if old is not None:
+        try:
+            check_author(body.metadata, old.get("metadata") or {})
+        except Refused as err:
+            raise kopf.AdmissionError(str(err), code=403) from None
     await _validate(_job_fields(dict(body)), previous, body, userinfo, _state(memo))
 
 

@@ -33,6 +33,10 @@ API_KEY_LABEL = "gpulane.io/api-key"
 
 # Set by the webhook when it capped a priority: what the caller asked for.
 REQUESTED_PRIORITY = "gpulane.io/requested-priority"
+# Set by admission on a GpuChain's create: its author's user name and groups (a JSON list), so that the operator
+# judges each step again as the author's, against the rules of the day. Nobody may change them.
+AUTHOR = "gpulane.io/author"
+AUTHOR_GROUPS = "gpulane.io/author-groups"
 
 # Backend pods: who manages them, which lane and model they serve.
 MANAGED_BY = "app.kubernetes.io/managed-by"

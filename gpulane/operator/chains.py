@@ -17,6 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpulane.admission.review import author_of, judge_step
+from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.chains import ATTEMPT_LABEL, CHAIN_LABEL, STEP_LABEL, ChainStep, GpuChainSpec, GpuChainStatus
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION
@@ -30,6 +32,7 @@ from gpulane.core.chains import (
     plan,
     step_name,
 )
+from gpulane.core.policy import Policy
 from gpulane.core.validation import describe
 from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.translate import condition, merge_condition
@@ -91,11 +94,14 @@ def step_manifest(chain: Body, spec: GpuChainSpec, index: int, attempt: int) -> 
 
 class Chains:
     def __init__(self, kube: Kube, clock: Callable[[], float], spawn: Callable[[Coroutine[Any, Any, Any]], None],
-                 run_seconds: Callable[[str], float]) -> None:  # fmt: skip
+                 run_seconds: Callable[[str], float],
+                 rules: Callable[[], tuple[AdmissionPolicy, Policy]]) -> None:  # fmt: skip
         self.kube = kube
         self.clock = clock
         self.spawn = spawn
         self.run_seconds = run_seconds  # a model's learned run time: a step's, for the ETA
+        self.rules = rules  # the GpuPolicy's admission rules and scoring in force: each step is judged by them
+        self._judged: dict[Key, str] = {}  # the last StepJudged message posted, to post only changes
         self.chains: dict[Key, Body] = {}
         self.steps: dict[Key, dict[str, StepJob]] = {}
         self.owners: dict[tuple[Key, str], str | None] = {}  # each step job's controlling GpuChain uid
@@ -112,6 +118,7 @@ class Chains:
                 del self.owners[owned]
             self._locks.pop(key, None)
             self._written.pop(key, None)
+            self._judged.pop(key, None)
             return
         known = self.chains.get(key)
         self.chains[key] = body
@@ -164,7 +171,7 @@ class Chains:
             decided = plan(rules, steps.values(), now, succeeded, gave_up)
             blocked = None  # why a step cannot be made, said in the status's message
             for index, attempt in decided.create:
-                manifest = step_manifest(chain, spec, index, attempt)
+                manifest = await self._judged_step(key, chain, step_manifest(chain, spec, index, attempt), index)
                 name = manifest["metadata"]["name"]
                 try:
                     await self.kube.create_job(manifest)
@@ -209,6 +216,24 @@ class Chains:
             status["conditions"] = merge_condition(before.get("conditions"), cond)
             status["observedGeneration"] = chain["metadata"].get("generation")
             await self._write_status(key, chain, status)
+
+    async def _judged_step(self, key: Key, chain: Body, manifest: Body, index: int) -> Body:
+        """The step as its chain's author may submit it today (issue 34's L2): a chain is admitted once, its
+        steps may come for days, after the rule that granted its priority is gone. A change is said once, in a
+        StepJudged Event on the chain. A chain that admission never saw (no author annotation) passes as is."""
+        author = author_of(chain["metadata"])
+        if author is None:
+            return manifest
+        admission, policy = self.rules()
+        manifest["spec"], notes = judge_step(manifest["spec"], author, admission, policy)
+        message = "; ".join(notes)
+        if notes and self._judged.get(key) != message:
+            self._judged[key] = message
+            await self.kube.event(chain, "StepJudged", f"step {index} and the next: {message}", warning=True,
+                                  now=self.clock())  # fmt: skip
+        elif not notes:
+            self._judged.pop(key, None)
+        return manifest
 
     async def _not_ours(self, key: Key, name: str, uid: str | None) -> str | None:
         """Why step job ``name`` cannot be made: a job of that name that this chain does not own; None when

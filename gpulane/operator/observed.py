@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.backend_pods import PodState
 from gpulane.api.resources import GpuModelSpec
 from gpulane.api.retention import Retention
@@ -29,6 +30,7 @@ class Observed:
     leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires
     unload_seen: float = 0.0  # the renewTime of the last /unload Lease acted on, or found at the start
     run_limits: RunLimits = field(default_factory=RunLimits)  # the GpuPolicy's, or the defaults without one
+    admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)  # the GpuPolicy's, as admission has it
     pending_cap: int | None = None  # the GpuPolicy's admission.maxPendingPerNamespace
     member_pending_cap: int | None = None  # and its admission.maxPendingPerMember
     retention: Retention = field(default_factory=Retention)  # the GpuPolicy's ttlSecondsAfterFinished

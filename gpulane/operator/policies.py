@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from gpulane.admission.review import Refused, validate_policy
+from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuPolicyStatus
 from gpulane.api.retention import Retention
@@ -35,7 +36,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
     if kind == "DELETED":
         host.use_policy(Policy())
         host.observed.run_limits, host.observed.pending_cap, host.observed.member_pending_cap = RunLimits(), None, None
-        host.observed.retention = Retention()
+        host.observed.retention, host.observed.admission = Retention(), AdmissionPolicy()
         host.policy_generation = None
         return
     generation = meta.get("generation")
@@ -53,6 +54,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         host.observed.run_limits = parsed.run_limits
         host.observed.pending_cap = parsed.admission.max_pending_per_namespace
         host.observed.member_pending_cap = parsed.admission.max_pending_per_member
+        host.observed.admission = parsed.admission
         host.observed.retention = parsed.ttl_seconds_after_finished
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
     host.policy_generation = generation

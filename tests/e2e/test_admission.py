@@ -19,6 +19,7 @@ import yaml
 
 from gpulane.admission import cel
 from gpulane.admission.configuration import webhook_configurations
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS
 
 from .operator_support import API, GROUP, VERSION, OperatorProcess, WebhookProcess, World, free_port, tls_ready
 from .support import REPO, Cluster, ServingCert, make_serving_cert, wait_until
@@ -152,6 +153,46 @@ def test_a_chain_is_admitted_as_its_authors_and_its_steps_carry_that(
     labelled["metadata"]["labels"] = {"gpulane.io/chain": "film"}
     refused = world.cluster.kubectl("apply", "-f", "-", *ALICE, input=yaml.safe_dump(labelled), check=False)
     assert refused.returncode != 0 and "may not submit as member 'bob'" in refused.stderr, "a label is no way in"
+
+
+def test_a_chains_next_step_is_judged_again_once_the_rule_that_granted_it_is_gone(
+    world: World, operator: OperatorProcess, admission: WebhookProcess
+) -> None:
+    """Issue 34's L2: dora, an artist, may ask for 100 and tier pro; her chain's first step gets both. The
+    artists rule is removed: her next step is capped to her default 0 and tier free, said in a StepJudged
+    Event. The chain records its author whatever the manifest says, and nobody rewrites it afterwards."""
+    policy(world)
+    world.lane()
+    dora = ("--as", "dora", "--as-group", USERS_GROUP, "--as-group", "artists")
+    chain = {"apiVersion": API, "kind": "GpuChain",
+             "metadata": {"name": "film", "namespace": world.namespace, "annotations": {AUTHOR: "admin"}},
+             "spec": {"model": world.name("sdxl"), "priority": 100, "count": 2}}  # fmt: skip
+    world.cluster.kubectl("apply", "-f", "-", *dora, input=yaml.safe_dump(chain))
+    stored = world.custom.get_namespaced_custom_object(GROUP, VERSION, world.namespace, "gpuchains", "film")
+    assert stored["metadata"]["annotations"][AUTHOR] == "dora", "the author is who created it"
+    assert "artists" in json.loads(stored["metadata"]["annotations"][AUTHOR_GROUPS])
+    world.wait_phase("film-0", "Running")
+    first = world.get("film-0")["spec"]
+    assert (first["priority"], first["tier"], first["member"]) == (100, "pro", "dora")
+
+    admission_rules = {"mode": "cap", "defaultCap": 0, "rules": []}  # the artists rule is gone
+    world.apply({"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"},
+                 "spec": {"admission": admission_rules}})  # fmt: skip
+    forged = world.cluster.kubectl("annotate", "gpuchain", "film", "-n", world.namespace, f"{AUTHOR}=admin",
+                                   "--overwrite", *dora, check=False)  # fmt: skip
+    assert forged.returncode != 0 and "cannot change: a chain's steps are judged as its author's" in forged.stderr
+    generation = world.custom.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default")["metadata"][
+        "generation"
+    ]
+    wait_until(lambda: world.cluster_status("gpupolicies", "default").get("observedGeneration") == generation,
+               what="the operator read the new policy")  # fmt: skip
+    world.complete("film-0")
+    second = wait_until(lambda: world.get("film-1"), what="the chain's second step")["spec"]
+    assert (second["priority"], second["tier"], second["member"]) == (0, "free", "dora")
+    selector = "involvedObject.name=film,involvedObject.kind=GpuChain,reason=StepJudged"
+    [judged] = wait_until(lambda: world.core.list_namespaced_event(world.namespace, field_selector=selector).items,
+                          what="a StepJudged Event on the chain")  # fmt: skip
+    assert judged.type == "Warning" and "priority 100 capped to 0 for user dora" in judged.message
 
 
 def test_the_examples_pass_admission_as_a_plain_user_and_every_job_names_its_request(

@@ -6,6 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gpulane.admission.review import author_annotations
+from gpulane.admission.rules import Caller
+from gpulane.api.admission import AdmissionPolicy
+from gpulane.core.policy import Policy
 from gpulane.operator.chains import Chains
 
 from .test_operator_controller import NS, Clock, FakeKube
@@ -18,11 +22,12 @@ class World:
         self.clock = Clock()
         self.kube = FakeKube(self.clock)
         self.tasks: list[asyncio.Task[Any]] = []
+        self.admission = AdmissionPolicy()
         self.chains = self.restarted()
 
     def restarted(self) -> Chains:
         return Chains(self.kube, self.clock, lambda c: self.tasks.append(asyncio.ensure_future(c)),  # type: ignore[arg-type]
-                      run_seconds=lambda model: 60.0)  # fmt: skip
+                      run_seconds=lambda model: 60.0, rules=lambda: (self.admission, Policy()))  # fmt: skip
 
     async def settle(self) -> None:
         while self.tasks:
@@ -149,5 +154,40 @@ def test_a_job_that_only_carries_a_chains_labels_is_not_its_step() -> None:
             in (w.status()["message"])
         )
         assert w.status()["progress"] == "1/2"
+
+    asyncio.run(scenario())
+
+
+def test_each_step_is_judged_again_as_its_authors_against_the_rules_in_force() -> None:
+    """Issue 34's L2: a chain is admitted once, as its author's; its steps may come for days. Once the rule that
+    granted its priority (and its tier) is gone, the next step is capped to what the author gets today, said
+    once in a StepJudged Event; a chain that admission never saw (no author annotation) passes as it is."""
+
+    async def scenario() -> None:
+        w = World()
+        rule = {"name": "studio", "users": ["alice"], "maxPriority": 100, "tier": "pro"}
+        w.admission = AdmissionPolicy.model_validate({"rules": [rule]})
+        chain = w.chain(count=3, priority=100, tier="pro", member="alice")
+        chain["metadata"]["annotations"] = author_annotations(Caller("alice", ("studio-artists",), NS))
+        w.chains.chain_event("ADDED", w.kube.put("gpuchains", chain))
+        await w.settle()
+        first = w.kube.job("film-0")["spec"]
+        assert (first["priority"], first["tier"], first["member"]) == (100, "pro", "alice")
+
+        w.admission = AdmissionPolicy()  # the rule is removed: alice gets the default cap 0 and tier free
+        w.chains.job_event("ADDED", w.kube.job("film-0"))
+        await w.settle()
+        w.chains.job_event("MODIFIED", w.step_ends("film-0"))
+        await w.settle()
+        second = w.kube.job("film-1")["spec"]
+        assert (second["priority"], second["tier"], second["member"]) == (0, "free", "alice")
+        [judged] = [c.body for c in w.kube.calls_of("event") if c.body["reason"] == "StepJudged"]
+        assert judged["warning"] and "priority 100 capped to 0 for user alice" in judged["message"]
+        assert "tier 'pro' is not user alice's: 'free'" in judged["message"]
+
+        unjudged = World()  # no author annotation: created without admission, its steps pass as they are
+        unjudged.chains.chain_event("ADDED", unjudged.chain(count=1, priority=100))
+        await unjudged.settle()
+        assert unjudged.kube.job("film-0")["spec"]["priority"] == 100
 
     asyncio.run(scenario())
