@@ -37,6 +37,15 @@ class DispatchHistory:
     def forget(self, lane: str) -> None:
         self._lanes.pop(lane, None)
 
+    def recorded(self, lane: str, job: str, at: float) -> bool | None:
+        """Whether ``lane``'s history records a dispatch of ``job``; None when it cannot say (the history is
+        full and holds nothing as old as ``at``)."""
+        entries = self._lanes.get(lane) or deque()
+        if any(record.get("job") == job for _, record in entries):
+            return True
+        full = len(entries) == HISTORY_LIMIT
+        return None if full and at < entries[0][0] else False
+
     def of_lane(self, lane: str) -> list[Record]:
         return [record for _, record in self._lanes.get(lane, ())]
 

@@ -17,6 +17,7 @@ from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobAdopted, LaneUpdated, ModelRemoved, QueueServed, UsageRestored
 from gpulane.kube.client import Gone, Kube, backoff, why
+from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
@@ -36,6 +37,7 @@ class Host(Protocol):
     dispatcher: Dispatcher
     jobs: JobTable
     observed: Observed
+    history: DispatchHistory
     lanes: dict[str, LaneRunner]
     writes: JobWrites
     ready: bool
@@ -167,6 +169,14 @@ def adopt(ctl: Host, body: Body) -> None:
         ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
         return
     ctl.apply(JobAdopted(result, lane, view.started_at or view.dispatched_at))
+    if ctl.history.recorded(lane, result.id, view.dispatched_at) is False:
+        # Adopted all the same (the lane's history is written a moment after the job's dispatch, so a stop in
+        # between leaves one out), but a status that someone with gpujobs/status rights forged says so.
+        why = (f"its status says it was dispatched to lane {lane} at {status.get('dispatchedAt')}, which the lane's "
+               "history does not record: the operator adopted it as it is; if no operator wrote that status, "
+               "someone with the right to patch gpujobs/status did")  # fmt: skip
+        log.warning("%s: %s", job_key(body), why)
+        ctl.spawn(ctl.kube.event(body, "DispatchUnrecorded", why, warning=True, now=ctl.clock()))
     runner.kick()
 
 

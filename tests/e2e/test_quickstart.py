@@ -156,9 +156,14 @@ def test_the_quickstart_is_the_first_day(
     assert sum(1 for chunk in stream if chunk.choices and chunk.choices[0].delta.content) >= 1
     wait_until(lambda: not core_v1.list_namespaced_pod(backends, label_selector="gpulane.io/lane=gpu-0").items,
                timeout=90, what="the model's pod stopped after its ttl")  # fmt: skip
-    lane = custom_objects.get_cluster_custom_object("gpulane.io", "v1alpha1", "gpulanes", "gpu-0")
-    ready = next(c for c in lane["status"]["conditions"] if c["type"] == "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "NoModel") and "ttlSeconds" in ready["message"], ready
+
+    def unloaded() -> dict[str, str] | None:
+        lane = custom_objects.get_cluster_custom_object("gpulane.io", "v1alpha1", "gpulanes", "gpu-0")
+        ready = next((c for c in (lane.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"), {})
+        return ready if ready.get("reason") == "NoModel" else None
+
+    ready = wait_until(unloaded, timeout=30, what="the lane's Ready condition: NoModel after the ttl")
+    assert ready["status"] == "False" and "ttlSeconds" in ready["message"], ready
 
     # The next call loads it again, in a new pod.
     answer = bridge.chat.completions.create(model="qwen", max_tokens=8, extra_body={"ignore_eos": True},

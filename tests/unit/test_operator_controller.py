@@ -1477,6 +1477,40 @@ def test_rebuild_adopts_a_running_job_the_policy_now_refuses():
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_rebuild_says_on_an_adopted_job_when_its_lanes_history_does_not_record_its_dispatch(recorded: bool):
+    """Issue 34, item 6: a Running status written while no operator ran (someone with gpujobs/status rights,
+    with the status hook down) is adopted, as a dispatch written just before a stop is, but the job says
+    that the lane's history has no such dispatch (DispatchUnrecorded). A recorded one says nothing."""
+
+    async def scenario() -> list[Any]:
+        w = World()
+        kube, ctl = w.kube, w.ctl
+        kube.put("gpumodels", {"metadata": {"name": "m"}, "spec": {"image": "m:v1"}})
+        record = {"job": f"{NS}/{'r1' if recorded else 'someone-else'}", "at": format_time(T0 - 400),
+                  "lane": "gpu-0", "model": "m", "load": False, "priority": 0, "tier": "free",
+                  "score": {"priority": 0, "tier": 0, "affinity": 0, "aging": 0, "total": 0}}  # fmt: skip
+        kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {},
+                              "status": {"history": [record]}})  # fmt: skip
+        kube.put("pods", pod_body("gpu-0", "m"))
+        running = job_body("r1", created=T0 - 600)
+        running["metadata"]["finalizers"] = [FINALIZER]
+        running["status"] = {"phase": "Running", "lane": "gpu-0", "dispatchedAt": format_time(T0 - 400),
+                             "startedAt": format_time(T0 - 300)}  # fmt: skip
+        kube.put("gpujobs", running)
+        await rebuild(ctl)
+        await w.reconcile()
+        assert f"{NS}/r1" in ctl.jobs, "adopted either way"
+        return [c.body for c in kube.calls_of("event") if c.body["reason"] == "DispatchUnrecorded"]
+
+    said = asyncio.run(scenario())
+    if recorded:
+        assert said == []
+    else:
+        [event] = said
+        assert event["warning"] and "which the lane's history does not record" in event["message"]
+
+
 def test_a_job_whose_executor_lease_expires_fails_with_data_plane_lost():
     async def scenario() -> None:
         w = World()
