@@ -64,6 +64,7 @@ class LaneRunner:
         self.generation = generation
         self.node_problem: str | None = None  # why its node cannot serve now (nodes.py); offline while set
         self.gave_back: str | None = None  # why it holds no model: its last one idled past its ttl
+        self._leaving = 0  # writes of jobs the core took off this lane (requeued, expired) still in flight
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -85,6 +86,21 @@ class LaneRunner:
 
     def kick(self) -> None:
         self._wake.set()
+
+    def leave(self, write: Coroutine[Any, Any, Any]) -> None:
+        """The write of a job the core took off this lane on its own (back to the queue, or expired while it
+        loaded). The core may give the lane to another job at once: that job is written Dispatching only once
+        this write has landed, so a lane's jobs never show more than its capacity on the cluster."""
+        self._leaving += 1
+
+        async def landed() -> None:
+            try:
+                await write
+            finally:
+                self._leaving -= 1
+                self.kick()
+
+        self.host.spawn(landed())
 
     def say(self, reason: str, message: str) -> None:
         """A Normal Event on the GpuLane."""
@@ -115,6 +131,8 @@ class LaneRunner:
             return
         model = host.observed.models.get(want)
         assigned = host.jobs.on_lane(self.name, JobState.ASSIGNED)
+        if assigned and self._leaving:
+            return  # a job the core took off this lane is still written as on it: its write's end wakes us
         if pod is None or not pod.ready:
             await asyncio.gather(*(host.mark_dispatching(view) for view in assigned))
         if pod is None:

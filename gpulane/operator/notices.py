@@ -82,10 +82,13 @@ def _expired(ctl: Host, notice: Expired) -> None:
     waited = format_duration(notice.deadline - notice.job.submitted_at)
     where = f", while lane {notice.lane} loaded its model" if notice.lane else ""
     message = f"still waiting at its queue deadline, {waited} after it was created{where}; it never started"
-    ctl.spawn(ctl.end_job(view, "Failed", REASON, message))
+    ending = ctl.end_job(view, "Failed", REASON, message)
     if notice.lane is not None and notice.lane in ctl.lanes:
+        ctl.lanes[notice.lane].leave(ending)
         ctl.status.lane_dirty(notice.lane)
         ctl.lanes[notice.lane].kick()
+    else:
+        ctl.spawn(ending)
     ctl.status.dirty = True
 
 
@@ -101,7 +104,10 @@ def _requeued(ctl: Host, notice: Requeued) -> None:
         reason = "LoadYielded"
         to = shown_in(view.namespace)(notice.to)
         message = f"lane {notice.lane} stopped loading its model for {to}, which outscored it; it waits again"
-    ctl.spawn(ctl.writes.requeued(view, reason, message))
+    write = ctl.writes.requeued(view, reason, message)
     if notice.lane in ctl.lanes:
+        ctl.lanes[notice.lane].leave(write)  # no new dispatch is written there before this one lands
         ctl.status.lane_dirty(notice.lane)
+    else:
+        ctl.spawn(write)
     ctl.status.dirty = True

@@ -5,6 +5,7 @@ batch job is dispatched again afterwards."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from .test_operator_controller import (  # noqa: F401 (no_lane_loops: the autouse fixture)
     NS,
@@ -84,5 +85,46 @@ def test_without_load_yield_the_load_finishes_first():
         w.submit("chat", "chat", priority="interactive", created=T0 + 5)
         await w.reconcile()
         assert w.phase("batch") == "Dispatching" and w.kube.calls_of("delete_pod") == []
+
+    asyncio.run(scenario())
+
+
+def test_no_job_is_written_dispatching_on_the_lane_before_the_yielded_jobs_pending_has_landed():
+    """The chaos round once saw two jobs Dispatching on a one-job lane: the core had taken the first off the
+    lane (its load lost) and given the lane to the next, and the first one's Pending write was still retrying
+    when the next one's Dispatching landed. A lane now writes a new dispatch only once the write of the job
+    the core took off it has landed."""
+
+    async def scenario() -> None:
+        w = World()
+        yielding_policy(w)
+        w.model("render")
+        w.model("chat")
+        w.lane()
+        w.submit("batch", "render", priority="batch")
+        await w.reconcile()
+        assert w.phase("batch") == "Dispatching"
+        gate, patch = asyncio.Event(), w.kube.patch_job_status
+
+        async def slow(namespace: str, name: str, body: Any) -> Any:
+            if name == "batch":
+                await gate.wait()  # the apiserver is slow to take the batch job's Pending
+            return await patch(namespace, name, body)
+
+        w.kube.patch_job_status = slow  # type: ignore[method-assign]
+        w.clock.now += 5
+        w.submit("chat", "chat", priority="interactive", created=T0 + 5)
+        lane = w.ctl.lanes["gpu-0"]
+        for _ in range(3):
+            await asyncio.sleep(0)
+            await lane.reconcile()
+            if POD in w.kube.objects and w.kube.calls_of("delete_pod"):
+                w.ctl.pod_event("DELETED", w.kube.vanish(POD))
+        assert w.ctl.jobs[f"{NS}/chat"].state == "assigned", "the core gave the lane to chat"
+        assert w.phase("batch") == "Dispatching" and w.phase("chat") != "Dispatching", "one job shows on the lane"
+
+        gate.set()
+        await w.reconcile()
+        assert (w.phase("batch"), w.phase("chat")) == ("Pending", "Dispatching")
 
     asyncio.run(scenario())
