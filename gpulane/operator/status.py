@@ -4,8 +4,10 @@ lanes and models.
 Writes are coalesced and rate-limited so that thousands of waiting jobs cause no patch storm:
 - the first ``exact_positions`` jobs of each lane get exact positions and estimates, rewritten when
   they move or the estimate shifts noticeably;
-- jobs beyond them get a position rounded up to a multiple of ``exact_positions``
-  (``positionExact: false``), rewritten only when that bucket changes;
+- jobs beyond them get a position rounded up to the next bucket (``positionExact: false``), rewritten only
+  when that bucket changes. Buckets widen with the distance from the head (``exact_positions`` times 1, 2,
+  5, 10, 20, 50, ...), so a dispatch, which moves every job behind it by one, rewrites one job per bucket
+  boundary: a number that grows with the logarithm of the queue, not its length;
 - each pass writes the jobs that have no position yet first, then the rest, each head of the queue
   first, at most ``status_writes_per_second`` per second; whatever is left waits for the next pass,
   which recomputes from the newest state.
@@ -50,6 +52,17 @@ DISPATCH_WAIT_SECONDS = 1.0
 
 # (job, the state it must still be in, the status to merge, what the writer remembers having written)
 Write = tuple[JobView, JobState, Body, tuple[Any, ...]]
+
+
+def bucket(position: int, exact: int) -> int:
+    """``position`` rounded up to the next of ``exact`` times 1, 2, 5, 10, 20, 50, ...: the rounded positions
+    of jobs far from the head, which change only when a job crosses one of these boundaries."""
+    scale = exact
+    while True:
+        for step in (1, 2, 5):
+            if position <= step * scale:
+                return step * scale
+        scale *= 10
 
 
 class StatusHost(Protocol):
@@ -169,7 +182,7 @@ class StatusWriter:
             index = per_lane[f.lane]
             per_lane[f.lane] += 1
             exact = index < exact_n
-            position = f.position if exact else math.ceil(f.position / exact_n) * exact_n
+            position = f.position if exact else bucket(f.position, exact_n)
             lane = dispatcher.lanes.get(f.lane or "")
             score = dispatcher.ranking.breakdown(view.job, lane.resident if lane else None, now)
             start = None if f.start is None else round(f.start if exact else f.start / 60) * (1 if exact else 60)

@@ -33,7 +33,7 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
-from gpulane.operator.status import FIRST_WRITES, REFRESH_WRITES
+from gpulane.operator.status import FIRST_WRITES, REFRESH_WRITES, bucket
 
 from .helpers import until
 
@@ -1261,13 +1261,42 @@ def test_status_writer_is_rate_limited_head_first_and_rounds_far_positions():
         second = statuses(w.kube, mark)
         assert [n for n, _ in second] == names[50:]
         assert {(p["status"]["position"], p["status"]["positionExact"]) for _, p in second[:50]} == {(100, False)}
-        assert {(p["status"]["position"], p["status"]["positionExact"]) for _, p in second[50:]} == {(150, False)}
+        # Buckets widen with the distance: 51-100 say 100, 101-250 say 250 (then 500, 1,000, 2,500, ...).
+        assert {(p["status"]["position"], p["status"]["positionExact"]) for _, p in second[50:]} == {(250, False)}
         mark = len(w.kube.calls)
 
         w.ctl.status.dirty = True
         await w.ctl.status.flush()
         assert statuses(w.kube, mark) == []
         assert w.kube.writes["job-status"] == 1 + 120  # the Running write, then one per waiting job
+
+    asyncio.run(scenario())
+
+
+def test_rounded_positions_widen_with_the_distance_from_the_head() -> None:
+    assert [bucket(p, 50) for p in (1, 50, 51, 100, 101, 250, 251, 500, 501, 19_999, 20_001)] == [
+        50, 50, 100, 100, 250, 250, 500, 500, 1000, 25_000, 25_000]  # fmt: skip
+    assert all(bucket(p, 7) >= p for p in range(1, 5000))
+
+
+def test_a_dispatch_rewrites_the_far_positions_only_where_a_job_crosses_a_bucket_boundary():
+    """Issue 35: a dispatch moves every waiting job by one. With buckets of one width (multiples of the exact
+    count) that rewrote every one in ``exact`` of them: 400 writes per dispatch at 20,000 pending. With buckets
+    that widen, one job per boundary: 10 exact positions and the 5 boundaries (20, 50, 100, 200, 500) of 600."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
+        await w.warm("run")
+        for i in range(600):
+            w.submit(f"q{i:03d}", created=T0 + 1 + i)
+        while w.ctl.status.dirty:
+            await w.ctl.status.flush()
+        mark = len(w.kube.calls)
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))  # as a dispatch: everyone moves up one
+        await w.ctl.status.flush()
+        moved = statuses(w.kube, mark)
+        rounded = [p for _, p in moved if not p["status"]["positionExact"]]
+        assert len(moved) - len(rounded) == 10 and len(rounded) <= 5, [p["status"]["position"] for _, p in rounded]
 
     asyncio.run(scenario())
 
