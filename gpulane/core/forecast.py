@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpulane.core.dispatcher import Dispatcher
@@ -24,6 +25,12 @@ class Forecast:
 
 
 def forecast(dispatcher: Dispatcher) -> list[Forecast]:
+    return list(forecasting(dispatcher))
+
+
+def forecasting(dispatcher: Dispatcher) -> Iterator[Forecast]:
+    """The forecast one job at a time, in order. It plays a fork taken at its first step, so a caller may let
+    other work change the dispatcher between two steps (the operator's loop, during a long queue's forecast)."""
     now = dispatcher.clock()
     virtual = [now]
     sim = dispatcher.fork(lambda: virtual[0])
@@ -38,7 +45,7 @@ def forecast(dispatcher: Dispatcher) -> list[Forecast]:
         start = run.started_at if run.started_at is not None else ready_at.get(run.lane, now)
         heapq.heappush(ends, (max(now, start + models.expected_run(run.job)), next(order), job_id))
 
-    result: list[Forecast] = []
+    position = itertools.count(1)
     while sim.pending_count and ends:
         virtual[0] = ends[0][0]
         finished = []
@@ -48,12 +55,11 @@ def forecast(dispatcher: Dispatcher) -> list[Forecast]:
             if decision.load:
                 ready_at[decision.lane] = virtual[0] + models.get(decision.model).load_seconds
             start = max(virtual[0], ready_at.get(decision.lane, virtual[0]))
-            result.append(Forecast(decision.job.id, len(result) + 1, decision.lane, start))
+            yield Forecast(decision.job.id, next(position), decision.lane, start)
             heapq.heappush(ends, (start + models.expected_run(decision.job), next(order), decision.job.id))
 
     # No lane will ever free up for these (none online): rank them, without a time.
     while (best := sim.ranking.best(None)) is not None:
         job = best[2]
         sim.ranking.take(job, virtual[0])
-        result.append(Forecast(job.id, len(result) + 1, None, None))
-    return result
+        yield Forecast(job.id, next(position), None, None)

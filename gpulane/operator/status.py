@@ -28,7 +28,7 @@ from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.forecast import Forecast, forecast
+from gpulane.core.forecast import forecasting
 from gpulane.kube.client import Gone, Kube
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import JobWrites, job_status
@@ -48,6 +48,8 @@ REFRESH_SECONDS = 10.0
 FIRST_WRITES = 32
 REFRESH_WRITES = 4
 DISPATCH_POLL_SECONDS = 0.005
+# The forecast gives the event loop its turn this often.
+FORECAST_SLICE_SECONDS = 0.01
 DISPATCH_WAIT_SECONDS = 1.0
 
 # (job, the state it must still be in, the status to merge, what the writer remembers having written)
@@ -115,7 +117,7 @@ class StatusWriter:
             self._last_pass = now
             # First positions before refreshes, each head first: in a burst a job with no position at all
             # goes before one whose position moved (refreshes wait for a pass with budget left).
-            writes = sorted(self._queue_writes(now), key=lambda w: w[0].written is not None)
+            writes = sorted(await self._queue_writes(now), key=lambda w: w[0].written is not None)
             cost = 0
             for i, (view, _, status, _) in enumerate(writes):
                 # A job near the head also gets its finalizer: a second write.
@@ -164,15 +166,20 @@ class StatusWriter:
         pods = self.host.observed.pods
         return any((pod := pods.get(v.lane or "")) is not None and pod.ready for v in self.host.jobs.assigned())
 
-    def _queue_writes(self, now: float) -> list[Write]:
+    async def _queue_writes(self, now: float) -> list[Write]:
         host = self.host
         dispatcher = host.dispatcher
         exact_n = host.settings.exact_positions
         per_lane: Counter[str | None] = Counter()
         depth: dict[str, Counter[str]] = {name: Counter() for name in host.lanes}
         writes: list[Write] = []
-        ahead: list[Forecast] = forecast(dispatcher)
-        for f in ahead:
+        # A long queue's forecast takes a while (0.6 s at 20,000): the loop gets its turn every slice, so a
+        # dispatch that arrives meanwhile is not held behind the whole of it (its fork is a snapshot).
+        sliced = time.perf_counter()
+        for f in forecasting(dispatcher):
+            if time.perf_counter() - sliced > FORECAST_SLICE_SECONDS:
+                await asyncio.sleep(0)
+                sliced = time.perf_counter()
             view = host.jobs.get(f.job_id)
             if view is None or view.state != JobState.PENDING:
                 continue

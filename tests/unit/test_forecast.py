@@ -1,7 +1,7 @@
 import pytest
 
 from gpulane.core.events import JobFinished, LaneUpdated, ModelLoaded
-from gpulane.core.forecast import forecast
+from gpulane.core.forecast import forecast, forecasting
 from gpulane.core.jobs import ModelSpec
 
 from .helpers import dispatcher, submit
@@ -34,6 +34,21 @@ def test_forecast_does_not_touch_the_real_dispatcher():
     forecast(d)
     assert (d.pending_count, dict(d.running), len(d.history), d.models.get("sdxl")) == before
     assert [x.job.id for x in d.handle(JobFinished("j0"))] == ["j1"]
+
+
+def test_a_forecast_taken_step_by_step_plays_the_queue_as_it_was_at_its_first_step():
+    """Issue 35: the operator lets its loop run between the steps of a long queue's forecast; what changes
+    meanwhile (a dispatch, a new job) belongs to the next forecast, not to this one."""
+    d, clock = dispatcher(models=MODELS)
+    for i in range(6):
+        submit(d, clock, f"j{i}", model="sdxl")
+    whole = forecast(d)
+    steps = forecasting(d)
+    first = next(steps)
+    submit(d, clock, "late", model="sdxl", priority=100)  # would go first now
+    d.handle(JobFinished("j0"))
+    assert [first, *steps] == whole
+    assert "late" not in {f.job_id for f in whole}
 
 
 def test_overdue_running_jobs_are_assumed_to_end_now():
