@@ -34,7 +34,7 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
-from gpulane.operator.status import FIRST_WRITES, REFRESH_WRITES, bucket
+from gpulane.operator.status import FIRST_WRITES, FORECAST_SHARE, REFRESH_WRITES, bucket, pause
 
 from .helpers import until
 
@@ -1272,6 +1272,12 @@ def test_status_writer_is_rate_limited_head_first_and_rounds_far_positions():
         assert w.kube.writes["job-status"] == 1 + 120  # the Running write, then one per waiting job
 
     asyncio.run(scenario())
+
+
+def test_a_long_forecast_spaces_the_passes_so_that_it_takes_at_most_a_quarter_of_the_loop() -> None:
+    assert pause(1.0, 0.2, 0.01) == pytest.approx(0.8), "a short queue: a pass every interval"
+    assert pause(1.0, 0.9, 0.7) == pytest.approx(0.7 / FORECAST_SHARE - 0.9), "20,000 pending: every 2.8 s"
+    assert pause(1.0, 1.5, 0.0) == 0.05
 
 
 def test_rounded_positions_widen_with_the_distance_from_the_head() -> None:
