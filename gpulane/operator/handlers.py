@@ -17,9 +17,10 @@ from kubernetes.aio.client import ApiClient
 
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.resources import GROUP, VERSION
+from gpulane.kube import leader
 from gpulane.kube.client import Kube
 from gpulane.kube.login import credentials
-from gpulane.operator import health, leader
+from gpulane.operator import health
 from gpulane.operator.chains import Chains
 from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild

@@ -16,7 +16,7 @@ import kopf
 import uvloop
 
 from gpulane.admission.main import add_serving_arguments, serving_options
-from gpulane.operator.leader import Timing
+from gpulane.kube.leader import Timing
 from gpulane.operator.settings import Settings
 
 

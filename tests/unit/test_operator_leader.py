@@ -1,4 +1,4 @@
-"""Leader election's additions to the official client's (gpulane/operator/leader.py): the fence that stops
+"""Leader election's additions to the official client's (gpulane/kube/leader.py): the fence that stops
 a leader's writes before another replica may lead, and its timing rules."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from gpulane.kube import leader
 from gpulane.kube.client import Fenced, Kube
-from gpulane.operator import leader
-from gpulane.operator.leader import Fence, FencedLeaseLock, Timing
+from gpulane.kube.leader import Fence, FencedLeaseLock, Timing
 
 
 class Clock:
