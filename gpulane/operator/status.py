@@ -29,7 +29,7 @@ from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.forecast import forecasting
-from gpulane.kube.client import Gone, Kube
+from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import JobWrites, job_status
 from gpulane.operator.jobs import JobState, JobTable, JobView
@@ -62,6 +62,22 @@ def pause(interval: float, elapsed: float, forecast_seconds: float) -> float:
     so a pass's budget is also a rate; and a long queue's forecast takes at most ``FORECAST_SHARE`` of the
     loop's time (positions and estimates then come less often: every 2.8 s for a 0.7 s forecast)."""
     return max(0.05, interval - elapsed, forecast_seconds / FORECAST_SHARE - elapsed)
+
+
+def refreshable(view: JobView) -> bool:
+    """Whether a job's next position may go without its lock: our Pending status is on it, and its finalizer."""
+    return view.api_phase == "Pending" and FINALIZER in view.finalizers and len(view.written or ()) == 4
+
+
+def refreshed(status: Body, written: tuple[Any, ...] | None) -> list[Body]:
+    """A refresh as a JSON patch: it applies only while the job is still Pending on the cluster. Fields left
+    unset stay as the last queue write left them (it cleared reason and message); an estimate that went is
+    removed."""
+    patch: list[Body] = [{"op": "test", "path": "/status/phase", "value": "Pending"}]
+    patch += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in status.items() if v is not None]
+    if status.get("estimatedStart") is None and written is not None and written[2] is not None:
+        patch.append({"op": "remove", "path": "/status/estimatedStart"})
+    return patch
 
 
 def bucket(position: int, exact: int) -> int:
@@ -142,6 +158,9 @@ class StatusWriter:
                 await locked(view, state, status, written)
 
         async def locked(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
+            if state == JobState.PENDING and refreshable(view):
+                await reposition(view, state, status, written)
+                return
             async with view.lock:
                 if not host.jobs.holds(view, state):
                     return  # dispatched or gone since the pass began
@@ -153,6 +172,19 @@ class StatusWriter:
                     return
                 view.written = written
                 view.api_phase = "Pending"
+
+        async def reposition(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
+            """A new position for a job whose Pending status (and finalizer) we wrote: no lock, only a test that
+            it is still Pending on the cluster. The head job's refresh was often in flight, holding its lock,
+            when the job was dispatched, and its Running write waited one apiserver trip behind it."""
+            if not host.jobs.holds(view, state):
+                return
+            try:
+                await host.kube.patch_job_status(view.namespace, view.name, refreshed(status, view.written))
+            except (Gone, Conflict):
+                return  # dispatched (its Running or Dispatching written first) or gone: nothing to show
+            if host.jobs.holds(view, state):
+                view.written = written
 
         lanes, self._lanes = self._lanes, set()
         models, self._models = self._models, set()
