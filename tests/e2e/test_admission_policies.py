@@ -169,6 +169,17 @@ def outcome(status: int, answer: dict[str, Any], namespace: str) -> Any:
             "maxRunSeconds": spec.get("maxRunSeconds"), "requested": asked}  # fmt: skip
 
 
+def anyone_may(namespace: str, name: str, resource: str, verbs: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A Role on ``resource`` in ``namespace`` and its binding to every authenticated caller."""
+    rbac = "rbac.authorization.k8s.io"
+    role = {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": {"name": name, "namespace": namespace},
+            "rules": [{"apiGroups": [GROUP], "resources": [resource], "verbs": verbs}]}  # fmt: skip
+    binding = {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": {"name": name, "namespace": namespace},
+               "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+               "subjects": [{"kind": "Group", "name": "system:authenticated", "apiGroup": rbac}]}  # fmt: skip
+    return role, binding
+
+
 @contextlib.contextmanager
 def both_modes(world: World, core_v1: client.CoreV1Api, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """The world's namespace served by the webhook (its own process), a second one by the policies; any
@@ -181,16 +192,7 @@ def both_modes(world: World, core_v1: client.CoreV1Api, tmp_path: Path) -> Itera
     with undo:
         for ns, mode in ((webhook_ns, "webhook"), (policy_ns, "policy")):
             cluster.kubectl("label", "namespace", ns, f"{LABEL}={mode}-{tag}", "--overwrite")
-            world.apply(
-                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                 "metadata": {"name": "submit", "namespace": ns},
-                 "rules": [{"apiGroups": [GROUP], "resources": ["gpujobs"], "verbs": ["create"]}]},
-                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                 "metadata": {"name": "submit", "namespace": ns},
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "submit"},
-                 "subjects": [{"kind": "Group", "name": "system:authenticated",
-                               "apiGroup": "rbac.authorization.k8s.io"}]},
-            )  # fmt: skip
+            world.apply(*anyone_may(ns, "submit", "gpujobs", ["create"]))
         tls = make_serving_cert(directory=tmp_path)
         hook = WebhookProcess(world.cluster, tmp_path, tls, "--operator-user", OPERATOR_USER).start()
         undo.callback(hook.stop)
@@ -273,16 +275,7 @@ def test_a_chain_records_its_author_in_both_modes_and_nobody_rewrites_it(
         world.apply({"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"},
                      "spec": {"admission": {"defaultCap": 0, "rules": []}}})  # fmt: skip
         for ns in namespaces:
-            world.apply(
-                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                 "metadata": {"name": "chains", "namespace": ns},
-                 "rules": [{"apiGroups": [GROUP], "resources": ["gpuchains"], "verbs": ["create", "get", "patch"]}]},
-                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                 "metadata": {"name": "chains", "namespace": ns},
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "chains"},
-                 "subjects": [{"kind": "Group", "name": "system:authenticated",
-                               "apiGroup": "rbac.authorization.k8s.io"}]},
-            )  # fmt: skip
+            world.apply(*anyone_may(ns, "chains", "gpuchains", ["create", "get", "patch"]))
 
             def created(ns: str = ns) -> dict[str, Any] | None:
                 """A chain of dora's, once the namespace's admission writes its author (the policies take a

@@ -22,15 +22,14 @@ import yaml
 
 from .operator_support import (
     API,
-    GROUP,
     OPERATOR_NAMESPACE,
-    VERSION,
     BridgeProcess,
     FakeBackendProcess,
     OperatorProcess,
     World,
 )
 from .support import REPO, Cluster, wait_until
+from .test_chains import chain_status
 
 from suite_groups import free_port  # isort: skip  (tests/, put on sys.path by .support)
 
@@ -151,7 +150,7 @@ def test_a_chain_through_upstream_routes_holds_each_render_until_its_ticket_is_d
         assert entry["status"] == {**entry["status"], "status_str": "success", "completed": True}
         assert entry["outputs"]["9"]["images"][0]["type"] == "output"
     assert answers[2]["model_path"] == setup.model
-    wait_until(lambda: chain_phase(world, name) == "Succeeded" or None, what="the chain Succeeded")
+    wait_until(lambda: chain_status(world, name).get("phase") == "Succeeded" or None, what="the chain Succeeded")
     # The bridge's own call to the same route answers with the finished render too.
     headers = {"Authorization": f"Bearer {USER_KEY}", "Content-Type": "application/json"}
     request = urllib.request.Request(f"{setup.bridge.url}/upstream/{setup.model}/prompt", method="POST",
@@ -159,11 +158,6 @@ def test_a_chain_through_upstream_routes_holds_each_render_until_its_ticket_is_d
     with urllib.request.urlopen(request, timeout=60) as resp:
         (entry,) = json.loads(resp.read()).values()
     assert entry["status"]["completed"] is True
-
-
-def chain_phase(world: World, name: str) -> str | None:
-    body = world.custom.get_namespaced_custom_object(GROUP, VERSION, world.namespace, "gpuchains", name)
-    return (body.get("status") or {}).get("phase")
 
 
 def test_streaming_chunks_arrive_one_by_one(setup: Setup) -> None:

@@ -17,6 +17,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -67,8 +68,19 @@ def script(blocks: list[tuple[str, str]], substitutions: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass
+class Box:
+    """Where the doc's commands run: the release's namespace, the working directory, the doc's words as the
+    local cluster says them, and the shell's environment."""
+
+    namespace: str
+    dir: Path
+    substitutions: dict[str, str]
+    env: dict[str, str]
+
+
 @pytest.fixture
-def box(cluster: Cluster, llama: Llama, tmp_path: Path) -> Iterator[dict[str, str]]:  # noqa: F811
+def box(cluster: Cluster, llama: Llama, tmp_path: Path) -> Iterator[Box]:  # noqa: F811
     """The doc's working directory, its substitutions and its environment: the repository's files it names,
     a tiny GGUF under the doc's weights file name, and ``k3s ctr`` as the local node's ctr."""
     for name in ("charts", "deploy", "examples", "hack", ".venv"):
@@ -95,25 +107,22 @@ def box(cluster: Cluster, llama: Llama, tmp_path: Path) -> Iterator[dict[str, st
         "sudo ": "",
     }
     env = {**cluster.env(), "PATH": f"{shims}:{cluster.bindir}:{REPO / '.venv' / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
-           "KUBECONFIG": str(cluster.kubeconfig), "HF_TOKEN": TOKEN, "QS_DIR": str(tmp_path)}  # fmt: skip
+           "KUBECONFIG": str(cluster.kubeconfig), "HF_TOKEN": TOKEN}  # fmt: skip
     try:
-        yield {"namespace": namespace, "dir": str(tmp_path), **{f"sub:{k}": v for k, v in substitutions.items()},
-               **{f"env:{k}": v for k, v in env.items()}}  # fmt: skip
+        yield Box(namespace, tmp_path, substitutions, env)
     finally:
         cluster.helm("uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "120s", check=False)
         cluster.kubectl("delete", "namespace", namespace, f"{namespace}-backends", "--ignore-not-found",
                         "--wait=false")  # fmt: skip
 
 
-def run_sections(box: dict[str, str], titles: list[Section], before: list[Section] | None = None) -> str:
+def run_sections(box: Box, titles: list[Section], before: list[Section] | None = None) -> str:
     """Run the sections' blocks; the shell variables that ``before`` set (NODE=..., BOX=...) carry over, as
     in the one terminal the doc is read in."""
-    substitutions = {k.removeprefix("sub:"): v for k, v in box.items() if k.startswith("sub:")}
-    env = {k.removeprefix("env:"): v for k, v in box.items() if k.startswith("env:")}
     earlier = [b for _, blocks in before or [] for b in blocks if b[0] == "run"]
     assigned = [("run", line) for _, text in earlier for line in re.findall(r"^[A-Z][A-Z_]*=.*$", text, re.M)]
-    text = script([*assigned, *(b for _, blocks in titles for b in blocks)], substitutions)
-    proc = subprocess.run(["bash", "-c", text], cwd=box["dir"], env=env, capture_output=True, text=True,
+    text = script([*assigned, *(b for _, blocks in titles for b in blocks)], box.substitutions)
+    proc = subprocess.run(["bash", "-c", text], cwd=box.dir, env=box.env, capture_output=True, text=True,
                           timeout=600, check=False)  # fmt: skip
     assert proc.returncode == 0, f"the quickstart's commands failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc.stdout
@@ -121,7 +130,7 @@ def run_sections(box: dict[str, str], titles: list[Section], before: list[Sectio
 
 @pytest.mark.timeout(1200)  # on a machine where `make test` did not build llama-server first: its build
 def test_the_quickstart_is_the_first_day(
-    cluster: Cluster, core_v1: client.CoreV1Api, api_client: client.ApiClient, box: dict[str, str], no_operator: None
+    cluster: Cluster, core_v1: client.CoreV1Api, api_client: client.ApiClient, box: Box, no_operator: None
 ) -> None:
     custom_objects = client.CustomObjectsApi(api_client)
     parts = sections()
@@ -129,7 +138,7 @@ def test_the_quickstart_is_the_first_day(
     first, rest = parts[: titles.index("8. The GPU given back")], parts[titles.index("8. The GPU given back") :]
     assert [t for t, blocks in first if any(m == "run" for m, _ in blocks)], "the doc has no runnable block"
     out = run_sections(box, first)
-    backends = f"{box['namespace']}-backends"
+    backends = f"{box.namespace}-backends"
 
     # Step 7's curl streamed an answer from llama-server, through the bridge on the node's address.
     assert "data: " in out and "data: [DONE]" in out, out[-2000:]
@@ -144,7 +153,7 @@ def test_the_quickstart_is_the_first_day(
     assert model["spec"]["args"][model["spec"]["args"].index("--host") + 1] == "0.0.0.0"
     [pod] = core_v1.list_namespaced_pod(backends, label_selector="gpulane.io/lane=gpu-0").items
     assert pod.spec.runtime_class_name == "nvidia" and pod.spec.node_name == localcluster.GPU_NODE
-    assert [v.host_path.path for v in pod.spec.volumes if v.host_path] == [box[f"sub:{'/srv/models'}"]]
+    assert [v.host_path.path for v in pod.spec.volumes if v.host_path] == [box.substitutions[DOC_WEIGHTS]]
     token = next(e for e in pod.spec.containers[0].env if e.name == "HF_TOKEN")
     assert token.value is None and token.value_from.secret_key_ref.name == "llama-swap-env"
     first_pod = pod.metadata.uid

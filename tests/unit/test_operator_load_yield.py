@@ -26,16 +26,21 @@ def yielding_policy(w: World, load_yield: bool = True) -> None:
     w.ctl.policy_event("ADDED", body)
 
 
+async def batch_loading(w: World) -> None:
+    """Lane gpu-0 loading model render for the batch job; model chat known, the policy yielding loads."""
+    yielding_policy(w)
+    w.model("render")
+    w.model("chat")
+    w.lane()
+    w.submit("batch", "render", priority="batch")
+    await w.reconcile()
+    assert w.phase("batch") == "Dispatching"
+
+
 def test_a_loading_batch_job_yields_its_lane_to_an_interactive_one_and_runs_after_it():
     async def scenario() -> None:
         w = World()
-        yielding_policy(w)
-        w.model("render")
-        w.model("chat")
-        w.lane()
-        w.submit("batch", "render", priority="batch")
-        await w.reconcile()
-        assert w.phase("batch") == "Dispatching"
+        await batch_loading(w)
         loading = w.kube.get(POD)
         assert loading["metadata"]["annotations"]["gpulane.io/model"] == "render"
 
@@ -97,30 +102,24 @@ def test_no_job_is_written_dispatching_on_the_lane_before_the_yielded_jobs_pendi
 
     async def scenario() -> None:
         w = World()
-        yielding_policy(w)
-        w.model("render")
-        w.model("chat")
-        w.lane()
-        w.submit("batch", "render", priority="batch")
-        await w.reconcile()
-        assert w.phase("batch") == "Dispatching"
-        gate, patch = asyncio.Event(), w.kube.patch_job_status
+        await batch_loading(w)
+        entered, gate, patch = asyncio.Event(), asyncio.Event(), w.kube.patch_job_status
 
         async def slow(namespace: str, name: str, body: Any) -> Any:
             if name == "batch":
+                entered.set()
                 await gate.wait()  # the apiserver is slow to take the batch job's Pending
             return await patch(namespace, name, body)
 
         w.kube.patch_job_status = slow  # type: ignore[method-assign]
         w.clock.now += 5
         w.submit("chat", "chat", priority="interactive", created=T0 + 5)
-        lane = w.ctl.lanes["gpu-0"]
-        for _ in range(3):
-            await asyncio.sleep(0)
-            await lane.reconcile()
-            if POD in w.kube.objects and w.kube.calls_of("delete_pod"):
-                w.ctl.pod_event("DELETED", w.kube.vanish(POD))
+        await asyncio.wait_for(entered.wait(), 5)  # the batch job's Pending write is in flight
         assert w.ctl.jobs[f"{NS}/chat"].state == "assigned", "the core gave the lane to chat"
+        lane = w.ctl.lanes["gpu-0"]
+        await lane.reconcile()  # the render pod goes
+        w.ctl.pod_event("DELETED", w.kube.vanish(POD))
+        await lane.reconcile()  # the lane would load chat now: its Dispatching write waits
         assert w.phase("batch") == "Dispatching" and w.phase("chat") != "Dispatching", "one job shows on the lane"
 
         gate.set()
