@@ -18,7 +18,7 @@ import statistics
 import time
 
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated
+from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated, dispatches
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.policy import Policy
 
@@ -58,10 +58,10 @@ def measure(pending: int, members: int, decisions: int, seed: int) -> list[float
     for k in range(decisions):
         clock[0] += 60
         t0 = time.perf_counter_ns()
-        [decision] = d.handle(JobFinished(running))
+        [decision] = dispatches(d.handle(JobFinished(running)))
         samples.append((time.perf_counter_ns() - t0) / 1000)
         running = decision.job.id
-        for decision in d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members))):
+        for decision in dispatches(d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members)))):
             running = decision.job.id  # the newcomer took the lane from a load that yielded
     gc.unfreeze()
     return samples

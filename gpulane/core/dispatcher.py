@@ -3,8 +3,9 @@
 It never sleeps, never calls out and reads time only from the injected clock, so hours of
 scheduling run in milliseconds under test, and the simulator drives the very same code.
 Besides dispatches it expires jobs past their queue deadline, lets a load that no job has started
-on yield to a much better newcomer, and puts the jobs of a lost load back in the queue; the shell
-collects those with ``take_notices``.
+on yield to a much better newcomer, puts the jobs of a lost load back in the queue and unloads a model
+idle past its ttl. ``handle`` returns all of it as one ordered list of effects, and the core is the
+only holder of what runs where: the shells apply the effects and ask it (``on_lane``, ``placed``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from gpulane.core.events import (
     Dispatch,
+    Effect,
     Event,
     Expired,
     JobAdopted,
@@ -28,7 +30,6 @@ from gpulane.core.events import (
     ModelLoaded,
     ModelRemoved,
     ModelUpdated,
-    Notice,
     QueueServed,
     Requeued,
     UnloadAll,
@@ -40,23 +41,6 @@ from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.ranking import Ranking, make_ranking
 
 Clock = Callable[[], float]
-
-
-@dataclass(slots=True)
-class Lane:
-    """One GPU. ``resident`` is the model loaded or loading; ``running`` holds its jobs' ids."""
-
-    id: str
-    online: bool = True
-    resident: str | None = None
-    running: set[str] = field(default_factory=set)
-    loading_since: float | None = None  # when the resident model's load began, until it is ready
-    evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
-    idle_since: float | None = None  # when its last job ended, its model still loaded (for the model's ttl)
-
-    @property
-    def ready(self) -> bool:
-        return self.resident is not None and self.loading_since is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +60,24 @@ class Running:
     lane: str
     started_at: float | None  # None while it waits for its model to load
     charge: Charge | None = None  # None for a job adopted after a restart
+
+
+@dataclass(slots=True)
+class Lane:
+    """One GPU. ``resident`` is the model loaded or loading; ``running`` holds its jobs, in dispatch order: the
+    one record of where a job runs."""
+
+    id: str
+    online: bool = True
+    resident: str | None = None
+    running: dict[str, Running] = field(default_factory=dict)
+    loading_since: float | None = None  # when the resident model's load began, until it is ready
+    evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
+    idle_since: float | None = None  # when its last job ended, its model still loaded (for the model's ttl)
+
+    @property
+    def ready(self) -> bool:
+        return self.resident is not None and self.loading_since is None
 
 
 class DispatchError(ValueError):
@@ -99,7 +101,6 @@ class Dispatcher:
         self.models = models if models is not None else ModelCatalog()
         self.ranking = ranking if ranking is not None else make_ranking("gpulane", policy)
         self.lanes: dict[str, Lane] = {}
-        self.running: dict[str, Running] = {}
         self.history: deque[Dispatch] = deque(maxlen=self.HISTORY)
         self._explain = explain
         self._seq = 0
@@ -109,22 +110,22 @@ class Dispatcher:
         self._deadline_heap: list[tuple[float, int, str]] = []
         self._yielded: set[str] = set()  # jobs whose load yielded once: their next load sticks
         self._reloaded: set[str] = set()  # jobs whose load was lost once: a second loss fails them
-        self._notices: list[Notice] = []
+        self._effects: list[Effect] = []  # what happened since the last decision, returned by it
 
     # -- events -------------------------------------------------------------------------
 
-    def handle(self, event: Event) -> list[Dispatch]:
-        """Apply one event, then dispatch whatever the lanes now have room for."""
+    def handle(self, event: Event) -> list[Effect]:
+        """Apply one event, then dispatch whatever the lanes now have room for: every consequence, in order."""
         self._apply(event)
         return self.decide()
 
-    def handle_all(self, events: Iterable[Event]) -> list[Dispatch]:
+    def handle_all(self, events: Iterable[Event]) -> list[Effect]:
         """Apply every event of one instant, in order, then decide once.
 
         A job submitted at the instant a slot frees then competes for that slot on its score,
         instead of losing it to whichever job was waiting when the finish was applied alone.
         An event the dispatcher refuses raises as in ``handle``: the events before it stay
-        applied (they happened) and nothing is decided yet, so call ``decide`` next.
+        applied (they happened) and nothing is decided yet, so call ``decide`` next: it returns their effects.
         """
         for event in events:
             self._apply(event)
@@ -188,13 +189,6 @@ class Dispatcher:
             self._set_deadline(job)  # the band defaults may have changed
         return rejected
 
-    def take_notices(self) -> list[Notice]:
-        """Jobs the dispatcher took out of the queue or off a lane on its own since the last call:
-        expired past their deadline (``Expired``), or back in the queue after a load yielded
-        or lost (``Requeued``). The shell turns them into API writes."""
-        notices, self._notices = self._notices, []
-        return notices
-
     def next_deadline(self) -> float | None:
         """The earliest queue deadline of a job not started yet, or of a lane idle up to its model's ttl: call
         ``decide`` then, to expire the job or unload the model."""
@@ -208,8 +202,28 @@ class Dispatcher:
     def pending_count(self) -> int:
         return len(self.ranking)
 
+    # -- reads for the shells -----------------------------------------------------------
+
+    @property
+    def running(self) -> dict[str, Running]:
+        """Every dispatched job that has not ended, by id (a copy)."""
+        return {job_id: run for lane in self.lanes.values() for job_id, run in lane.running.items()}
+
+    def placed(self, job_id: str) -> Running | None:
+        """Where a dispatched job runs, or None when it waits or has ended."""
+        lane = self._lane_of(job_id)
+        return None if lane is None else lane.running[job_id]
+
+    def on_lane(self, lane_id: str) -> list[Running]:
+        """The jobs holding ``lane_id``'s capacity, in dispatch order."""
+        lane = self.lanes.get(lane_id)
+        return [] if lane is None else list(lane.running.values())
+
+    def _lane_of(self, job_id: str) -> Lane | None:
+        return next((lane for lane in self.lanes.values() if job_id in lane.running), None)
+
     def _submit(self, job: Job) -> None:
-        if job.id in self.ranking or job.id in self.running:
+        if job.id in self.ranking or self._lane_of(job.id) is not None:
             raise DispatchError(f"job {job.id!r} is already known to the dispatcher")
         self.policy.bonus_for_tier(job.tier)  # rejects unknown tiers before they are queued
         self.policy.check_priority(job.priority)
@@ -238,14 +252,12 @@ class Dispatcher:
         self._reloaded.discard(job_id)
 
     def _finish(self, job_id: str, run_seconds: float | None) -> None:
-        done = self.running.pop(job_id, None)
-        if done is None:
+        lane = self._lane_of(job_id)
+        if lane is None:
             return  # finishing twice, or a job we never dispatched: nothing holds capacity
+        done = lane.running.pop(job_id)
         self._forget(job_id)
-        lane = self.lanes.get(done.lane)
-        if lane is not None:
-            lane.running.discard(job_id)
-            self._evict_if_idle(lane)
+        self._evict_if_idle(lane)
         if run_seconds is not None:
             self.models.observe_run(done.job.model, run_seconds)
         self._settle(done)
@@ -263,8 +275,7 @@ class Dispatcher:
         self._forget(job.id)
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.resident, lane.loading_since, lane.idle_since = job.model, None, None
-        lane.running.add(job.id)
-        self.running[job.id] = Running(job, lane_id, started_at)
+        lane.running[job.id] = Running(job, lane_id, started_at)
         self.ranking.note_served(job.member, job.priority, started_at)
 
     def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
@@ -281,12 +292,11 @@ class Dispatcher:
             return
         if lane.loading_since is not None:
             now = self.clock()
-            for job_id in sorted(lane.running):
-                run = self.running[job_id]
+            for job_id, run in sorted(lane.running.items()):
                 if run.started_at is None and run.charge is not None and job_id not in self._reloaded:
                     self._unrun(lane, run, run.charge)
                     self._reloaded.add(job_id)
-                    self._notices.append(Requeued(run.job, lane.id, now, None))
+                    self._effects.append(Requeued(run.job, lane.id, now, None))
         lane.resident, lane.loading_since, lane.evicting, lane.idle_since = None, None, False, None
 
     def _drain(self, lanes: Iterable[Lane]) -> None:
@@ -309,7 +319,7 @@ class Dispatcher:
         for lane in self.lanes.values():
             due = self._idle_deadline(lane)
             if due is not None and due <= now and lane.resident is not None and lane.idle_since is not None:
-                self._notices.append(Unloaded(lane.id, lane.resident, now - lane.idle_since, now))
+                self._effects.append(Unloaded(lane.id, lane.resident, now - lane.idle_since, now))
                 lane.resident, lane.loading_since, lane.idle_since = None, None, None
 
     def _idle_deadline(self, lane: Lane) -> float | None:
@@ -320,8 +330,7 @@ class Dispatcher:
 
     def _unrun(self, lane: Lane, run: Running, charge: Charge) -> None:
         """A job dispatched but never started waits again in its place, its charge undone."""
-        del self.running[run.job.id]
-        lane.running.discard(run.job.id)
+        del lane.running[run.job.id]
         self._evict_if_idle(lane)
         self.ranking.untake(run.job, charge.seq, charge.decision.at, charge.seconds, charge.served_before)
 
@@ -331,29 +340,29 @@ class Dispatcher:
             return  # a stale report: the lane has moved on, or already knows
         now = self.clock()
         lane.loading_since = None
-        for job_id in lane.running:
-            run = self.running[job_id]
+        for job_id, run in lane.running.items():
             deadline = self._deadlines.get(job_id)
             if run.started_at is None and (deadline is None or deadline[0] > now):  # else it expires instead
-                self.running[job_id] = replace(run, started_at=now)
+                lane.running[job_id] = replace(run, started_at=now)
                 self._deadlines.pop(job_id, None)
 
     # -- decisions ----------------------------------------------------------------------
 
-    def decide(self) -> list[Dispatch]:
-        """Dispatch whatever the lanes have room for (``handle`` and ``handle_all`` end with this)."""
+    def decide(self) -> list[Effect]:
+        """Expire, unload and yield what is due, then dispatch whatever the lanes have room for; every effect
+        since the last decision, in order (``handle`` and ``handle_all`` end with this)."""
         now = self.clock()
         self._expire(now)
         self._unload_idle(now)
         if self.policy.load_yield:
             self._yield_loads(now)
-        decisions: list[Dispatch] = []
         while len(self.ranking):
             choice = self._best_pair()
             if choice is None:
                 break
-            decisions.append(self._dispatch(*choice))
-        return decisions
+            self._effects.append(self._dispatch(*choice))
+        effects, self._effects = self._effects, []
+        return effects
 
     def _expire(self, now: float) -> None:
         """Jobs at their deadline leave the queue, or the lane whose load they were waiting for."""
@@ -365,12 +374,13 @@ class Dispatcher:
             self._forget(job_id)
             job, lane = self.ranking.remove(job_id), None
             if job is None:  # dispatched to a lane still loading: it never starts
-                run = self.running.pop(job_id)
-                self.lanes[run.lane].running.discard(job_id)
-                self._evict_if_idle(self.lanes[run.lane])
+                on = self._lane_of(job_id)
+                assert on is not None
+                run = on.running.pop(job_id)
+                self._evict_if_idle(on)
                 self._settle(run)
                 job, lane = run.job, run.lane
-            self._notices.append(Expired(job, now, deadline, lane))
+            self._effects.append(Expired(job, now, deadline, lane))
 
     def _yield_loads(self, now: float) -> None:
         """A load no job started on gives way to a newcomer that outscores its jobs past the offsets.
@@ -385,7 +395,7 @@ class Dispatcher:
         for lane in lanes:
             if lane.loading_since is None or not lane.running or not lane.online:
                 continue
-            runs = [self.running[job_id] for job_id in lane.running]
+            runs = list(lane.running.values())
             charges = [r.charge for r in runs if r.charge is not None and r.job.id not in self._yielded]
             if len(charges) < len(runs):
                 continue
@@ -407,7 +417,7 @@ class Dispatcher:
             for run, charge in zip(runs, charges, strict=True):
                 self._unrun(lane, run, charge)
                 self._yielded.add(run.job.id)
-                self._notices.append(Requeued(run.job, lane.id, now, newcomer.id))
+                self._effects.append(Requeued(run.job, lane.id, now, newcomer.id))
 
     def _best_pair(self) -> tuple[Lane, Job, int] | None:
         """The best (lane, job) pair a lane may start now.
@@ -444,14 +454,13 @@ class Dispatcher:
         served_before = self.ranking.take(job, now, expected)
         if load:
             lane.resident, lane.loading_since = job.model, now
-        lane.running.add(job.id)
         lane.idle_since = None
         decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
         charge = Charge(decision, seq, expected, served_before, self._seq)
         started = now if lane.ready else None
         if started is not None:
             self._deadlines.pop(job.id, None)
-        self.running[job.id] = Running(job, lane.id, started, charge)
+        lane.running[job.id] = Running(job, lane.id, started, charge)
         if self._explain:
             self.history.append(decision)
         return decision
@@ -462,10 +471,9 @@ class Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
         clone.lanes = {
-            k: Lane(v.id, v.online, v.resident, set(v.running), v.loading_since, v.evicting, v.idle_since)
+            k: Lane(v.id, v.online, v.resident, dict(v.running), v.loading_since, v.evicting, v.idle_since)
             for k, v in self.lanes.items()
         }
-        clone.running = dict(self.running)
         clone._seq = self._seq
         clone._deadlines = dict(self._deadlines)
         clone._deadline_heap = list(self._deadline_heap)

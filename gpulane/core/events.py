@@ -179,5 +179,10 @@ class Requeued:
     to: str | None
 
 
-# What the dispatcher did on its own, besides dispatching: ``Dispatcher.take_notices``.
-Notice = Expired | Requeued | Unloaded
+# Every consequence of an event, in the order it happened: what ``Dispatcher.handle`` returns.
+Effect = Dispatch | Expired | Requeued | Unloaded
+
+
+def dispatches(effects: list[Effect]) -> list[Dispatch]:
+    """The dispatches among ``effects``, in order."""
+    return [e for e in effects if isinstance(e, Dispatch)]

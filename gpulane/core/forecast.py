@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import JobFinished
+from gpulane.core.events import JobFinished, dispatches
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ def forecasting(dispatcher: Dispatcher) -> Iterator[Forecast]:
         finished = []
         while ends and ends[0][0] == virtual[0]:  # ends at one instant free their slots together
             finished.append(JobFinished(heapq.heappop(ends)[2]))
-        for decision in sim.handle_all(finished):
+        for decision in dispatches(sim.handle_all(finished)):
             if decision.load:
                 ready_at[decision.lane] = virtual[0] + models.get(decision.model).load_seconds
             start = max(virtual[0], ready_at.get(decision.lane, virtual[0]))

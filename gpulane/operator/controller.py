@@ -22,7 +22,6 @@ from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec
 from gpulane.api.times import format_duration, format_time
 from gpulane.core.dispatcher import Dispatcher, DispatchError
 from gpulane.core.events import (
-    Dispatch,
     Event,
     JobCancelled,
     JobFinished,
@@ -35,7 +34,7 @@ from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
-from gpulane.operator import backends, models, notices, policies, rebuild, resync
+from gpulane.operator import backends, effects, models, policies, rebuild, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
@@ -50,7 +49,6 @@ from gpulane.operator.settings import Settings
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import (
     Refusal,
-    band_label,
     job_from_body,
     job_key,
     policy_refusal,
@@ -66,7 +64,7 @@ class Controller:
         self.clock = clock
         self.dispatcher = Dispatcher(Policy(), clock, ModelCatalog())
         self.policy_generation: int | None = None
-        self.jobs = JobTable()
+        self.jobs = JobTable(self.dispatcher)
         self.observed = Observed()
         self.history = DispatchHistory()
         self.expiries = Expiries()
@@ -117,36 +115,26 @@ class Controller:
 
     def tick(self) -> None:
         """One pass: active jobs past a deadline end (``deadlines``), waiting jobs past their queue deadline
-        expire (``notices``), finished jobs past their TTL go (``retention``), and every lane looks again."""
+        expire and idle models unload (``effects``), finished jobs past their TTL go (``retention``), and every
+        lane looks again."""
         now = self.clock()
         for view in self.jobs:
             if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
-        notices.expire_due(self, now)
+        effects.expire_due(self, now)
         for namespace, name, uid in self.expiries.due(now):
             self.spawn(self._delete_finished(namespace, name, uid, now))
         for lane in self.lanes.values():
             lane.kick()
 
     def apply(self, event: Event, woke_at: float | None = None) -> None:
-        """Hand one event to the core and act on every decision it returns."""
+        """Hand one event to the core and act on every effect it returns, in order."""
         try:
-            decisions = self.dispatcher.handle(event)
+            done = self.dispatcher.handle(event)
         except (DispatchError, PolicyError) as err:
             log.error("the dispatcher refused %s: %s", type(event).__name__, err)
             return
-        self.act(decisions, woke_at)
-
-    def act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None:
-        """Hand the core's dispatches to their lanes, and what it did on its own to ``notices``."""
-        notices.act_on(self, self.dispatcher.take_notices())
-        for decision in decisions:
-            self.jobs.assign(self.jobs[decision.job.id], decision, woke_at)
-            self.metrics.dispatched(decision, band_label(decision.job.priority, self.dispatcher.policy))
-            self.history.record(decision)
-            self.status.lane_dirty(decision.lane)
-            self.lanes[decision.lane].kick()
-        self.status.dirty = True
+        effects.apply(self, done, woke_at)
 
     # -- GpuJobs --------------------------------------------------------------------------------
 
@@ -233,9 +221,10 @@ class Controller:
 
     def release(self, view: JobView, run_seconds: float | None) -> None:
         """The job no longer holds capacity: tell the core, and let the lane start the next."""
+        lane = self.jobs.lane_of(view)
         if not self.jobs.release(view):
             return
-        runner = self.lanes.get(view.lane or "")
+        runner = self.lanes.get(lane or "")
         if runner is not None:
             self.metrics.lane_busy.labels(runner.name).set(len(self.jobs.on_lane(runner.name, JobState.RUNNING)))
         self.apply(JobFinished(view.key, run_seconds), woke_at=time.monotonic())
@@ -253,7 +242,8 @@ class Controller:
         async with view.lock:
             if not self.jobs.holds(view, JobState.ASSIGNED) or view.api_phase == "Dispatching":
                 return
-            fields = {"phase": "Dispatching", **dispatched_fields(view, self.history, self.clock())}
+            lane = self.jobs.lane_of(view)
+            fields = {"phase": "Dispatching", **dispatched_fields(view, lane, self.history, self.clock())}
             if not await self.writes.dispatched(view, fields):
                 self.release(view, None)
 
@@ -264,7 +254,8 @@ class Controller:
                 return
             now = self.clock()
             spec = self.observed.models.get(view.model)
-            fields = dispatched_fields(view, self.history, now)
+            lane = self.jobs.lane_of(view)
+            fields = dispatched_fields(view, lane, self.history, now)
             fields.update(
                 phase="Running",
                 pod=pod.name,
@@ -276,7 +267,7 @@ class Controller:
                 self.release(view, None)
                 return
             self.jobs.start(view, now)
-            lane = view.lane or ""
+            lane = lane or ""
             self.metrics.lane_busy.labels(lane).set(len(self.jobs.on_lane(lane, JobState.RUNNING)))
             if view.woke_at is not None and view.decision is not None and not view.decision.load:
                 self.metrics.dispatch_latency.observe(time.monotonic() - view.woke_at)
@@ -396,4 +387,4 @@ class Controller:
             refusal = policy_refusal(policy, view.job.priority, view.job.tier)
             if refusal is not None:
                 self.reject(view, refusal.message)
-        self.act(self.dispatcher.decide())
+        effects.apply(self, self.dispatcher.decide())

@@ -34,12 +34,12 @@ def job_status(**fields: Any) -> Body:
     return status.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
-def dispatched_fields(view: JobView, history: DispatchHistory, now: float) -> Body:
-    """What a dispatched job's status says: its lane, score, story and Dispatched condition."""
+def dispatched_fields(view: JobView, lane: str | None, history: DispatchHistory, now: float) -> Body:
+    """What a job dispatched to ``lane`` says on its status: its lane, score, story and Dispatched condition."""
     decision = view.decision
     fields: Body = {
         "submittedAt": format_micro_time(view.job.submitted_at),
-        "lane": view.lane,
+        "lane": lane,
         "dispatchedAt": format_time(view.dispatched_at or now),
         "position": None,
         "positionExact": None,

@@ -1,8 +1,9 @@
-"""The operator's jobs: one ``JobTable`` owns every admitted GpuJob, where it stands, and which lane it holds.
+"""The operator's jobs: one ``JobTable`` holds every admitted GpuJob and what Kubernetes needs of it.
 
-The core's Dispatcher decides; the table records what the operator did with each decision, so the API
-writes can follow. Nothing else keeps a set of jobs: lanes and the status writer ask the table, and its
-methods are the only way to move a job, so a job is on at most one lane, in one state, at any time.
+The core's Dispatcher is the one holder of what runs where: the table asks it which jobs hold a lane
+(``Placements``) and keeps only what the core does not know: which jobs wait for their GpuModel (parked),
+which ones the operator has shown Running, the phase and conditions written, finalizers and locks.
+Nothing else keeps a set of jobs, and the table's methods are the only way to move a job's state.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION
+from gpulane.core.dispatcher import Running
 from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job
 from gpulane.operator.translate import Arrivals, Refusal
@@ -24,7 +26,16 @@ class JobState(StrEnum):
     PENDING = "pending"  # in the core's queue
     PARKED = "parked"  # waiting for a GpuModel of its model's name
     ASSIGNED = "assigned"  # dispatched by the core, waiting for its backend
-    RUNNING = "running"
+    RUNNING = "running"  # shown Running: its executor calls its backend
+
+
+class Placements(Protocol):
+    """The core's answer to where jobs run (``Dispatcher``)."""
+
+    @property
+    def running(self) -> dict[str, Running]: ...
+    def placed(self, job_id: str) -> Running | None: ...
+    def on_lane(self, lane_id: str) -> list[Running]: ...
 
 
 ACTIVE = frozenset({JobState.ASSIGNED, JobState.RUNNING})
@@ -40,7 +51,6 @@ class JobView:
     uid: str
     job: Job
     state: JobState = JobState.PENDING  # moved only by JobTable
-    lane: str | None = None
     api_phase: str | None = None  # the phase on the object, as last written or seen
     decision: Dispatch | None = None
     dispatched_at: float | None = None
@@ -105,12 +115,12 @@ def lease_of(meta: Body) -> tuple[str, str] | None:
 
 
 class JobTable:
-    """Every admitted job by key, the parked ones by model, and the active ones by lane."""
+    """Every admitted job by key and the parked ones by model; the core says which ones hold which lane."""
 
-    def __init__(self) -> None:
+    def __init__(self, placements: Placements) -> None:
+        self._placements = placements
         self._jobs: dict[str, JobView] = {}
         self._parked: dict[str, set[str]] = {}  # model -> keys
-        self._on_lane: dict[str, dict[str, JobView]] = {}  # lane -> key -> its assigned and running jobs
         # namespace, and (namespace, member) -> keys of the pending and parked jobs there
         self._waiting: dict[str | tuple[str, str], set[str]] = {}
         self.arrivals = Arrivals()  # the submission times given at first sight, to keep them apart
@@ -136,13 +146,20 @@ class JobTable:
 
     def on_lane(self, lane: str, state: JobState | None = None) -> list[JobView]:
         """The jobs holding ``lane``'s capacity, oldest dispatch first; only those in ``state`` if given."""
-        views = self._on_lane.get(lane, {}).values()
-        return [v for v in views if state is None or v.state == state]
+        views = (self._jobs.get(run.job.id) for run in self._placements.on_lane(lane))
+        return [v for v in views if v is not None and v.active and (state is None or v.state == state)]
 
-    def assigned(self) -> Iterator[JobView]:
-        """Jobs dispatched by the core and not yet Running, on any lane."""
-        for views in self._on_lane.values():
-            yield from (v for v in views.values() if v.state == JobState.ASSIGNED)
+    def lane_of(self, view: JobView) -> str | None:
+        """The lane whose capacity an active job holds."""
+        run = self._placements.placed(view.key) if view.active else None
+        return None if run is None else run.lane
+
+    def assigned(self) -> Iterator[tuple[JobView, str]]:
+        """Jobs dispatched by the core and not yet Running, with their lanes."""
+        for key, run in self._placements.running.items():
+            view = self._jobs.get(key)
+            if view is not None and view.state == JobState.ASSIGNED:
+                yield view, run.lane
 
     def parked(self) -> Iterator[JobView]:
         for keys in list(self._parked.values()):
@@ -196,23 +213,20 @@ class JobTable:
         return sorted(views, key=lambda v: (v.job.submitted_at, v.key))
 
     def assign(self, view: JobView, decision: Dispatch, woke_at: float | None) -> None:
-        """The core dispatched the job to a lane: it holds that lane's capacity from now on."""
-        view.state, view.lane, view.decision = JobState.ASSIGNED, decision.lane, decision
+        """The core dispatched the job to a lane: it waits for its backend there."""
+        view.state, view.decision = JobState.ASSIGNED, decision
         view.dispatched_at, view.woke_at = decision.at, woke_at
-        self._on_lane.setdefault(decision.lane, {})[view.key] = view
         self._wait(view, False)
 
-    def adopt(self, view: JobView, lane: str, running: bool) -> None:
-        """A job found active on ``lane`` (after a restart)."""
+    def adopt(self, view: JobView, running: bool) -> None:
+        """A job found active on a lane (after a restart): its ``JobAdopted`` gives the core its lane."""
         self._jobs[view.key] = view
-        view.state, view.lane = (JobState.RUNNING if running else JobState.ASSIGNED), lane
-        self._on_lane.setdefault(lane, {})[view.key] = view
+        view.state = JobState.RUNNING if running else JobState.ASSIGNED
         self._wait(view, False)
 
     def requeue(self, view: JobView) -> None:
-        """An assigned job whose lane's load yielded to a better newcomer: back to waiting, off the lane."""
-        self._on_lane.get(view.lane or "", {}).pop(view.key, None)
-        view.state, view.lane, view.decision, view.dispatched_at = JobState.PENDING, None, None, None
+        """An assigned job whose lane's load yielded to a better newcomer (the core took it off): back to waiting."""
+        view.state, view.decision, view.dispatched_at = JobState.PENDING, None, None
         view.announced, view.written = False, None  # its next dispatch is announced, its position written afresh
         self._wait(view, True)
 
@@ -220,13 +234,11 @@ class JobTable:
         view.state, view.api_phase, view.started_at = JobState.RUNNING, "Running", at
 
     def release(self, view: JobView) -> bool:
-        """The job leaves: out of the table and off its lane. False if it had left already."""
+        """The job leaves the table (the caller tells the core). False if it had left already."""
         if not self.holds(view):
             return False
         del self._jobs[view.key]
         self._wait(view, False)
         if view.state == JobState.PARKED:
             self._parked.get(view.model, set()).discard(view.key)
-        if view.lane is not None:
-            self._on_lane.get(view.lane, {}).pop(view.key, None)
         return True

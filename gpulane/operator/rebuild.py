@@ -163,7 +163,7 @@ def adopt(ctl: Host, body: Body) -> None:
     view = JobView.of(body, result)
     view.dispatched_at = parse_time(status.get("dispatchedAt")) or ctl.clock()
     view.started_at = parse_time(status.get("startedAt"))
-    ctl.jobs.adopt(view, lane, running=status.get("phase") == "Running")
+    ctl.jobs.adopt(view, running=status.get("phase") == "Running")
     runner = ctl.lanes.get(lane)
     if runner is None:
         ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))

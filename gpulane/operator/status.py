@@ -204,7 +204,7 @@ class StatusWriter:
 
     def dispatch_in_flight(self) -> bool:
         pods = self.host.observed.pods
-        return any((pod := pods.get(v.lane or "")) is not None and pod.ready for v in self.host.jobs.assigned())
+        return any((pod := pods.get(lane)) is not None and pod.ready for _, lane in self.host.jobs.assigned())
 
     async def _queue_writes(self, now: float) -> list[Write]:
         host = self.host

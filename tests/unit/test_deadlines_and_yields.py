@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from gpulane.core.dispatcher import DispatchError
 from gpulane.core.events import (
+    Dispatch,
     Expired,
     JobCancelled,
     JobFinished,
@@ -45,10 +46,9 @@ def test_a_job_waiting_past_its_deadline_expires_and_never_runs():
     submit(d, clock, "shot", priority=-100, member="alice")
     assert d.next_deadline() == 600
     clock.now = 600
-    assert d.decide() == []  # the deadline passes while the film still runs
-    [notice] = d.take_notices()
+    [notice] = d.decide()  # the deadline passes while the film still runs: no dispatch, one expiry
     assert notice == Expired(notice.job, 600, 600, None) and notice.job.id == "image"
-    assert d.take_notices() == [] and d.next_deadline() is None
+    assert d.decide() == [] and d.next_deadline() is None
     clock.now = 960
     assert names(d.handle(JobFinished("blocker"))) == ["shot"]
 
@@ -64,8 +64,7 @@ def test_the_smallest_timeout_applies():
     deadlines = []
     while (deadline := d.next_deadline()) is not None:
         clock.now = deadline
-        d.decide()
-        deadlines += [(n.job.id, n.deadline) for n in d.take_notices()]
+        deadlines += [(n.job.id, n.deadline) for n in d.decide() if isinstance(n, Expired)]
     assert deadlines == [("hasty", 60), ("patient", 300), ("batch", 3600)]
     assert [j.id for j in d.ranking.pending()] == ["normal"]
 
@@ -76,9 +75,9 @@ def test_a_job_assigned_to_a_lane_still_loading_expires_and_frees_the_lane():
     assert decision.load  # sdxl takes 30 s to load: the caller gives up at 20
     submit(d, clock, "next", model="sdxl", member="carol")
     clock.now = 20
-    assert names(d.decide()) == ["next"]  # the lane (still loading sdxl) is free again
-    [notice] = d.take_notices()
-    assert (notice.job.id, notice.lane) == ("image", "gpu-0")
+    notice, decision = d.decide()  # the expiry first: the lane (still loading sdxl) is free again
+    assert isinstance(notice, Expired) and (notice.job.id, notice.lane) == ("image", "gpu-0")
+    assert names([decision]) == ["next"] and decision.lane == "gpu-0"
     clock.now = 30
     d.handle(ModelLoaded("gpu-0", "sdxl"))
     assert d.running["next"].started_at == 30 and "image" not in d.running
@@ -88,9 +87,9 @@ def test_a_load_that_ends_at_the_deadline_does_not_start_the_job():
     d, clock = dispatcher(lanes={"gpu-0": "film"}, models=MODELS, policy=Policy(loadYield=False))
     submit(d, clock, "image", model="sdxl", member="bob", queue_timeout_seconds=30)
     clock.now = 30
-    d.handle(ModelLoaded("gpu-0", "sdxl"))
+    [notice] = d.handle(ModelLoaded("gpu-0", "sdxl"))
     assert not d.running
-    assert [n.job.id for n in d.take_notices()] == ["image"]
+    assert isinstance(notice, Expired) and notice.job.id == "image"
 
 
 def test_started_cancelled_and_finished_jobs_have_no_deadline():
@@ -100,8 +99,7 @@ def test_started_cancelled_and_finished_jobs_have_no_deadline():
     d.handle(ModelLoaded("gpu-0", "sdxl"))
     d.handle(JobCancelled("cancelled"))
     clock.now = 500
-    d.decide()
-    assert d.take_notices() == [] and "runs" in d.running
+    assert d.decide() == [] and "runs" in d.running
 
 
 @pytest.mark.parametrize("timeout", [0, -5, float("inf"), float("nan")])
@@ -151,12 +149,12 @@ def test_no_job_is_dispatched_or_started_after_its_deadline(seed):
             lane = rng.choice(["gpu-0", "gpu-1"])
             if d.lanes[lane].resident:
                 events.append(ModelLoaded(lane, d.lanes[lane].resident))
-        for decision in d.handle_all(events):
-            assert clock.now < deadlines.get(decision.job.id, float("inf")), f"{decision.job.id} dispatched late"
-        for notice in d.take_notices():
-            if isinstance(notice, Expired):
-                assert notice.at >= notice.deadline == deadlines[notice.job.id]
-                gone.add(notice.job.id)
+        for effect in d.handle_all(events):
+            if isinstance(effect, Dispatch):
+                assert clock.now < deadlines.get(effect.job.id, float("inf")), f"{effect.job.id} dispatched late"
+            elif isinstance(effect, Expired):
+                assert effect.at >= effect.deadline == deadlines[effect.job.id]
+                gone.add(effect.job.id)
         for run in d.running.values():
             if run.started_at is not None and run.job.id in deadlines:
                 assert run.started_at < deadlines[run.job.id], f"{run.job.id} started late"
@@ -171,9 +169,9 @@ def test_a_load_nobody_started_yields_to_a_higher_band_then_the_job_runs_next():
     [load] = submit(d, clock, "shot", model="film", priority=-100, member="alice")
     assert load.load
     clock.now = 45  # half way through the film model's 90 s load
-    [image] = submit(d, clock, "image", model="sdxl", priority=100, member="bob")
+    requeued, image = submit(d, clock, "image", model="sdxl", priority=100, member="bob")
+    assert requeued == Requeued(load.job, "gpu-0", 45, "image")  # first off the lane, then the lane loads anew
     assert (image.job.id, image.load, image.replaces) == ("image", True, "film")
-    assert d.take_notices() == [Requeued(load.job, "gpu-0", 45, "image")]
     assert [j.id for j in d.ranking.pending()] == ["shot"]  # no work lost: it waits again
     clock.now = 45 + 30 + 40
     d.handle(ModelLoaded("gpu-0", "sdxl"))
@@ -184,20 +182,21 @@ def test_a_job_yields_once_then_its_load_sticks():
     d, clock = dispatcher(lanes={"gpu-0": "sdxl"}, models=MODELS, policy=YIELD)
     submit(d, clock, "shot", model="film", priority=-100, member="alice")
     clock.now = 10
-    submit(d, clock, "image-1", model="sdxl", priority=100, member="bob")
+    requeued, _ = submit(d, clock, "image-1", model="sdxl", priority=100, member="bob")
+    assert requeued == Requeued(d.history[0].job, "gpu-0", 10, "image-1")
     d.handle(ModelLoaded("gpu-0", "sdxl"))
     clock.now = 60
     assert names(d.handle(JobFinished("image-1"))) == ["shot"]  # loading the film model again
     clock.now = 70
-    assert submit(d, clock, "image-2", model="sdxl", priority=100, member="bob") == []
-    assert d.take_notices() == [Requeued(d.history[0].job, "gpu-0", 10, "image-1")]
+    assert submit(d, clock, "image-2", model="sdxl", priority=100, member="bob") == []  # no second yield
 
 
 def test_a_newcomer_for_the_model_being_loaded_takes_the_slot_and_the_load_goes_on():
     d, clock = dispatcher(lanes={"gpu-0": None}, models=MODELS, policy=YIELD)
-    submit(d, clock, "shot", model="film", priority=-100, member="alice")
+    [shot] = submit(d, clock, "shot", model="film", priority=-100, member="alice")
     clock.now = 30
-    [decision] = submit(d, clock, "preview", model="film", priority=100, member="bob")
+    requeued, decision = submit(d, clock, "preview", model="film", priority=100, member="bob")
+    assert requeued == Requeued(shot.job, "gpu-0", 30, "preview")  # the shot waits again, in its place
     assert not decision.load and d.lanes["gpu-0"].loading_since == 0  # the film model keeps loading
     clock.now = 90
     d.handle(ModelLoaded("gpu-0", "film"))
@@ -219,7 +218,7 @@ def test_no_yield_within_the_offsets_once_started_or_when_off(priority, started,
         d.handle(ModelLoaded("gpu-0", "film"))
     clock.now = 45
     assert submit(d, clock, "other", model="sdxl", priority=priority, tier="max", member="bob") == []
-    assert d.take_notices() == [] and "shot" in d.running
+    assert "shot" in d.running
 
 
 def test_a_yielded_job_keeps_its_place_and_its_member_is_not_charged():
@@ -246,13 +245,13 @@ def test_a_lost_load_puts_its_jobs_back_in_their_places_once_then_they_stay_to_f
     submit(d, clock, "later", model="film", priority=-100, member="dave")
     charged = d.ranking.usage(0)
     clock.now = 10
-    [again] = d.handle(LoadLost("gpu-0"))
-    assert d.take_notices() == [Requeued(shot.job, "gpu-0", 10, None)]
+    requeued, again = d.handle(LoadLost("gpu-0"))
+    assert requeued == Requeued(shot.job, "gpu-0", 10, None)
     assert (again.job.id, again.load, again.at) == ("shot", True, 10)  # first in its place, loading afresh
     assert d.ranking.usage(10) == pytest.approx(charged, rel=0.01)  # charged once: the lost load was refunded
     clock.now = 20
     assert d.handle(LoadLost("gpu-0")) == []  # lost twice: it stays on the lane, for the shell to fail
-    assert d.take_notices() == [] and "shot" in d.running and d.lanes["gpu-0"].resident is None
+    assert "shot" in d.running and d.lanes["gpu-0"].resident is None
     assert names(d.handle(JobFinished("shot"))) == ["later"]
 
 
@@ -261,6 +260,6 @@ def test_a_lost_backend_whose_jobs_had_started_requeues_nothing():
     submit(d, clock, "shot", model="film", member="alice")
     d.handle(ModelLoaded("gpu-0", "film"))
     clock.now = 100
-    assert d.handle(LoadLost("gpu-0")) == [] and d.take_notices() == []
+    assert d.handle(LoadLost("gpu-0")) == []
     assert d.running["shot"].started_at == 0 and d.lanes["gpu-0"].resident is None
     assert d.handle(LoadLost("gpu-unknown")) == []

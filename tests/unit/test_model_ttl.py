@@ -19,10 +19,9 @@ def test_an_idle_lane_gives_the_model_up_at_its_ttl_and_the_next_job_loads_it_ag
     d.handle(JobFinished("one"))
     assert d.next_deadline() == 320  # the tick wakes the dispatcher then
     clock.now = 319
-    assert d.decide() == [] and d.lanes["gpu-0"].resident == "chat" and d.take_notices() == []
+    assert d.decide() == [] and d.lanes["gpu-0"].resident == "chat"
     clock.now = 320
-    assert d.decide() == []
-    assert d.take_notices() == [Unloaded("gpu-0", "chat", 300, 320)]
+    assert d.decide() == [Unloaded("gpu-0", "chat", 300, 320)]
     assert d.lanes["gpu-0"].resident is None and d.next_deadline() is None
     clock.now = 400
     [again] = submit(d, clock, "two", model="chat")
@@ -34,7 +33,7 @@ def test_a_job_within_the_ttl_keeps_the_model_and_a_running_job_is_never_idle():
     submit(d, clock, "one", model="chat")
     d.handle(ModelLoaded("gpu-0", "chat"))
     clock.now = 1000  # far past the ttl, but the job ran all along
-    assert d.decide() == [] and d.take_notices() == [] and d.next_deadline() is None
+    assert d.decide() == [] and d.next_deadline() is None
     d.handle(JobFinished("one"))
     clock.now = 1200
     [reused] = submit(d, clock, "two", model="chat")  # 200 s idle: still loaded
@@ -50,7 +49,7 @@ def test_a_model_without_a_ttl_stays_loaded():
     d.handle(ModelLoaded("gpu-0", "kept"))
     d.handle(JobFinished("one"))
     clock.now = 10**6
-    assert d.next_deadline() is None and d.decide() == [] and d.take_notices() == []
+    assert d.next_deadline() is None and d.decide() == []
     assert d.lanes["gpu-0"].resident == "kept"
     assert names(submit(d, clock, "two", model="kept")) == ["two"]
 

@@ -1,39 +1,64 @@
-"""Unit tests of gpulane/operator/jobs.py: the JobTable keeps each job in one state, on at most one lane."""
+"""Unit tests of gpulane/operator/jobs.py: the JobTable keeps each job in one state, and asks the core (the one
+holder of what runs where) which lane it holds."""
 
 from __future__ import annotations
 
-from gpulane.core.events import Dispatch
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Dispatch, JobAdopted, JobFinished, JobSubmitted, dispatches
 from gpulane.core.jobs import Job
-from gpulane.core.score import ScoreBreakdown
 from gpulane.operator.jobs import JobState, JobTable, JobView
 
+from .helpers import dispatcher
 
-def view(name: str, model: str = "m") -> JobView:
-    job = Job(id=f"ns/{name}", model=model, priority=0, tier="free", member="a", submitted_at=0.0)
+
+def view(name: str, model: str = "m", at: float = 0.0) -> JobView:
+    job = Job(id=f"ns/{name}", model=model, priority=0, tier="free", member="a", submitted_at=at)
     return JobView(key=job.id, namespace="ns", name=name, uid=f"uid-{name}", job=job)
 
 
-def dispatch(v: JobView, lane: str = "gpu-0") -> Dispatch:
-    return Dispatch(v.job, lane, v.model, False, None, 1.0, ScoreBreakdown(0, 0, 10, 0.0))
+def table_on(lanes: dict[str, str | None] | None = None) -> tuple[JobTable, Dispatcher]:
+    d, _ = dispatcher(lanes=lanes or {"gpu-0": "m"})
+    return JobTable(d), d
 
 
-def test_an_assigned_job_is_on_its_lane_until_released():
-    table, v = JobTable(), view("a")
+def admitted(table: JobTable, d: Dispatcher, v: JobView) -> list[Dispatch]:
     table.admit(v)
-    assert table.on_lane("gpu-0") == [] and v.state == JobState.PENDING
-    table.assign(v, dispatch(v), woke_at=None)
-    assert table.on_lane("gpu-0", JobState.ASSIGNED) == [v] and v.active
+    decisions = dispatches(d.handle(JobSubmitted(v.job)))
+    for decision in decisions:
+        table.assign(table[decision.job.id], decision, woke_at=None)
+    return decisions
+
+
+def test_an_assigned_job_is_on_the_lane_the_core_placed_it_on_until_released():
+    table, d = table_on()
+    v = view("a")
+    assert [x.lane for x in admitted(table, d, v)] == ["gpu-0"]
+    assert table.on_lane("gpu-0", JobState.ASSIGNED) == [v] and v.active and table.lane_of(v) == "gpu-0"
+    assert list(table.assigned()) == [(v, "gpu-0")]
     table.start(v, at=2.0)
     assert table.on_lane("gpu-0", JobState.ASSIGNED) == [] and table.on_lane("gpu-0", JobState.RUNNING) == [v]
     assert table.release(v)
-    assert table.on_lane("gpu-0") == [] and "ns/a" not in table
+    d.handle(JobFinished(v.key))
+    assert table.on_lane("gpu-0") == [] and "ns/a" not in table and table.lane_of(v) is None
+
+
+def test_a_waiting_job_holds_no_lane_and_the_lane_order_is_the_cores():
+    table, d = table_on()
+    first, second = view("first"), view("second")
+    admitted(table, d, first)
+    assert admitted(table, d, second) == [] and table.lane_of(second) is None  # the lane is busy
+    table.release(first)
+    [decision] = dispatches(d.handle(JobFinished(first.key)))
+    table.assign(second, decision, woke_at=None)
+    assert table.on_lane("gpu-0") == [second]
 
 
 def test_release_is_once_and_only_for_the_tracked_view():
-    table, old = JobTable(), view("a")
-    table.admit(old)
-    table.assign(old, dispatch(old), woke_at=None)
+    table, d = table_on()
+    old = view("a")
+    admitted(table, d, old)
     assert table.release(old) and not table.release(old)
+    d.handle(JobFinished(old.key))
     new = view("a")  # the same name created again
     table.admit(new)
     assert not table.release(old), "a released view must not take its successor with it"
@@ -41,9 +66,8 @@ def test_release_is_once_and_only_for_the_tracked_view():
 
 
 def test_parked_jobs_come_back_pending_in_arrival_order():
-    table = JobTable()
-    late, early = view("late", "x"), view("early", "x")
-    early.job = Job(id=early.key, model="x", priority=0, tier="free", member="a", submitted_at=-5.0)
+    table, _ = table_on()
+    late, early = view("late", "x"), view("early", "x", at=-5.0)
     for v in (late, early, view("other", "y")):
         table.park(v)
     assert {v.key for v in table.parked()} == {"ns/late", "ns/early", "ns/other"}
@@ -54,16 +78,21 @@ def test_parked_jobs_come_back_pending_in_arrival_order():
 
 
 def test_a_released_parked_job_leaves_the_parking():
-    table, v = JobTable(), view("a", "x")
+    table, _ = table_on()
+    v = view("a", "x")
     table.park(v)
     assert table.release(v)
     assert list(table.parked()) == [] and table.unpark("x") == []
 
 
-def test_adopted_jobs_hold_their_lane():
-    table, running, loading = JobTable(), view("r"), view("l")
-    table.adopt(running, "gpu-1", running=True)
-    table.adopt(loading, "gpu-1", running=False)
+def test_adopted_jobs_hold_the_lane_the_core_adopted_them_on():
+    table, d = table_on({"gpu-0": None, "gpu-1": None})
+    running, loading = view("r"), view("l")
+    table.adopt(running, running=True)
+    table.adopt(loading, running=False)
+    assert table.on_lane("gpu-1") == []  # not before the core knows where they run
+    d.handle(JobAdopted(running.job, "gpu-1", 0.0))
+    d.handle(JobAdopted(loading.job, "gpu-1", 0.0))
     assert table.on_lane("gpu-1", JobState.RUNNING) == [running]
     assert table.on_lane("gpu-1", JobState.ASSIGNED) == [loading]
     assert len(table) == 2

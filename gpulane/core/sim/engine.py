@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import (
     Dispatch,
+    Effect,
     Event,
     Expired,
     JobFinished,
     JobSubmitted,
     LaneUpdated,
     ModelLoaded,
-    Notice,
     Unloaded,
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
@@ -228,7 +228,6 @@ def simulate(
 
     lanes = [f"gpu-{i}" for i in range(scenario.lanes)]
     ready_at = dict.fromkeys(lanes, 0.0)
-    running = dict.fromkeys(lanes, 0)
     loads = dict.fromkeys(lanes, 0)  # a completed load counts only if it is the lane's latest
     dispatches: dict[str, int] = {}  # a finish counts only for the job's latest dispatch
     shared: dict[str, int] = {}  # the band whose contended share a dispatch added to
@@ -255,7 +254,7 @@ def simulate(
         if follower is not None:
             push(now[0], SUBMIT, follower.name)
 
-    def apply(decision: Dispatch) -> None:
+    def dispatched(decision: Dispatch) -> None:
         record = records[decision.job.id]
         t = now[0]
         record.dispatched_at, record.lane, record.changed_by = t, decision.lane, decision.changed_by
@@ -277,30 +276,31 @@ def simulate(
             loads[decision.lane] += 1
             push(ready_at[decision.lane], LOADED, decision.lane, f"{loads[decision.lane]}:{decision.model}")
         record.started_at = max(t, ready_at[decision.lane])
-        running[decision.lane] += 1
         dispatches[record.name] = dispatches.get(record.name, 0) + 1
         push(record.started_at + record.run_seconds, FINISH, record.name, str(dispatches[record.name]))
 
     def undo(record: JobRecord) -> None:
         """Its dispatch is void: it never started on its lane (expired mid-load, or its load yielded)."""
-        assert record.lane is not None
-        running[record.lane] -= 1
         dispatches[record.name] += 1  # its scheduled finish no longer counts
         band = shared.pop(record.name, None)
         if band is not None:
             contended[band][record.member] -= record.run_seconds
         record.dispatched_at = record.started_at = record.lane = None
 
-    def notice(note: Notice) -> None:
+    def apply(effect: Effect) -> None:
+        """The simulated world's side of one of the dispatcher's effects, taken in the order they happened."""
         nonlocal yields
-        if isinstance(note, Unloaded):
+        if isinstance(effect, Dispatch):
+            dispatched(effect)
+            return
+        if isinstance(effect, Unloaded):
             return  # an idle lane gave its model up: its next job loads one, as it would anyway
-        record = records[note.job.id]
-        if note.lane is not None:
+        record = records[effect.job.id]
+        if effect.lane is not None:
             undo(record)
-        if isinstance(note, Expired):
+        if isinstance(effect, Expired):
             record.expired_at = now[0]
-            if note.lane is None:
+            if effect.lane is None:
                 waiting[band_of(record.priority)][record.member] -= 1
             follow(record.name)
         else:
@@ -311,7 +311,7 @@ def simulate(
     last = 0.0
     while queue:
         at = queue[0][0]
-        idle_lanes = sum(1 for lane in lanes if running[lane] == 0)
+        idle_lanes = sum(1 for lane in lanes if not dispatcher.on_lane(lane))
         if dispatcher.pending_count and idle_lanes:
             idle_while_waiting += (at - last) * idle_lanes
         now[0] = last = at
@@ -344,18 +344,13 @@ def simulate(
                 continue  # the end of a dispatch that was undone
             else:
                 record.finished_at = at
-                assert record.lane is not None
-                running[record.lane] -= 1
                 events.append(JobFinished(what, record.run_seconds))
                 retrying = None if cap is None else cap.release(record.model)
                 if retrying is not None:
                     push(at, RETRY, retrying)
                 follow(what)
-        decisions = dispatcher.handle_all(events)
-        for note in dispatcher.take_notices():  # they happened before the dispatches
-            notice(note)
-        for decision in decisions:
-            apply(decision)
+        for effect in dispatcher.handle_all(events):
+            apply(effect)
         if observe is not None:
             observe(dispatcher, at, [what for _, kind, _, what, _ in instant if kind in (SUBMIT, RETRY)])
 

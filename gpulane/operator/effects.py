@@ -1,4 +1,6 @@
-"""What the dispatcher did on its own (``Dispatcher.take_notices``), turned into the operator's writes.
+"""The core's effects, in the order it returns them (``Dispatcher.handle``), turned into the operator's work.
+
+A dispatched job is assigned to its lane, whose runner loads the model if needed and starts it.
 
 A job still waiting at its queue deadline (its ``queueTimeoutSeconds``, or its band's default in the
 GpuPolicy) has already left the core's queue, or the lane whose model it waited for: here it leaves the
@@ -20,12 +22,14 @@ from typing import Any, Protocol
 
 from gpulane.api.times import format_duration
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, Expired, Notice, Requeued, Unloaded
-from gpulane.operator.history import shown_in
+from gpulane.core.events import Dispatch, Effect, Expired, Requeued, Unloaded
+from gpulane.operator.history import DispatchHistory, shown_in
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.metrics import Metrics
 from gpulane.operator.status import StatusWriter
+from gpulane.operator.translate import band_label
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,9 @@ class Host(Protocol):
     lanes: dict[str, LaneRunner]
     status: StatusWriter
     writes: JobWrites
+    metrics: Metrics
+    history: DispatchHistory
 
-    def act(self, decisions: list[Dispatch], woke_at: float | None = None) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
 
@@ -46,20 +51,33 @@ REASON = "QueueTimeout"
 
 
 def expire_due(ctl: Host, now: float) -> None:
-    """The tick's part: when a queue deadline has passed, let the dispatcher expire its jobs."""
+    """The tick's part: when a queue deadline or a model's ttl has passed, let the dispatcher act on it."""
     due = ctl.dispatcher.next_deadline()
     if due is not None and due <= now:
-        ctl.act(ctl.dispatcher.decide())
+        apply(ctl, ctl.dispatcher.decide())
 
 
-def act_on(ctl: Host, notices: list[Notice]) -> None:
-    for notice in notices:
-        if isinstance(notice, Expired):
-            _expired(ctl, notice)
-        elif isinstance(notice, Unloaded):
-            _unloaded(ctl, notice)
-        else:
-            _requeued(ctl, notice)
+def apply(ctl: Host, effects: list[Effect], woke_at: float | None = None) -> None:
+    """Every effect of one decision, in order. ``woke_at``: when the event that caused them arrived."""
+    for effect in effects:
+        match effect:
+            case Dispatch():
+                _dispatched(ctl, effect, woke_at)
+            case Expired():
+                _expired(ctl, effect)
+            case Unloaded():
+                _unloaded(ctl, effect)
+            case Requeued():
+                _requeued(ctl, effect)
+    ctl.status.dirty = True
+
+
+def _dispatched(ctl: Host, decision: Dispatch, woke_at: float | None) -> None:
+    ctl.jobs.assign(ctl.jobs[decision.job.id], decision, woke_at)
+    ctl.metrics.dispatched(decision, band_label(decision.job.priority, ctl.dispatcher.policy))
+    ctl.history.record(decision)
+    ctl.status.lane_dirty(decision.lane)
+    ctl.lanes[decision.lane].kick()
 
 
 def _unloaded(ctl: Host, notice: Unloaded) -> None:
@@ -89,7 +107,6 @@ def _expired(ctl: Host, notice: Expired) -> None:
         ctl.lanes[notice.lane].kick()
     else:
         ctl.spawn(ending)
-    ctl.status.dirty = True
 
 
 def _requeued(ctl: Host, notice: Requeued) -> None:
@@ -110,4 +127,3 @@ def _requeued(ctl: Host, notice: Requeued) -> None:
         ctl.status.lane_dirty(notice.lane)
     else:
         ctl.spawn(write)
-    ctl.status.dirty = True
