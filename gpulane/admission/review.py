@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from gpulane.admission.rules import Caller, Grant, grant
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, REQUESTED_PRIORITY
-from gpulane.api.resources import GpuJobSpec, GpuPolicySpec
+from gpulane.api.resources import GpuJobSpec, GpuPolicySpec, InvalidPolicy
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.priority import resolve_priority, shown
@@ -312,6 +312,6 @@ def judge_step(
 def validate_policy(spec: Mapping[str, Any]) -> GpuPolicySpec:
     """A GpuPolicy must satisfy the core's invariant and bounds, and its admission rules must fit them."""
     try:
-        return GpuPolicySpec.model_validate(spec)
-    except ValidationError as err:
-        raise Refused(describe(err, "spec")) from None
+        return GpuPolicySpec.checked(spec)
+    except InvalidPolicy as err:
+        raise Refused(str(err)) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictInt, model_validator
+from pydantic import Field, StrictInt, ValidationError, model_validator
 from pydantic.config import JsonDict
 
 from gpulane.api.admission import AdmissionPolicy
@@ -18,6 +18,7 @@ from gpulane.api.retention import MAX_TTL_SECONDS, Retention
 from gpulane.api.routes import PLAIN_PATH, UPSTREAM, UPSTREAM_PATH, JobMethod, fixed_routes, job_route, routed_for_jobs
 from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
 from gpulane.core.policy import CamelModel, Policy
+from gpulane.core.validation import describe
 
 GROUP = "gpulane.io"
 VERSION = "v1alpha1"
@@ -373,6 +374,10 @@ class GpuLaneStatus(CamelModel):
 # -- GpuPolicy ----------------------------------------------------------------------------------
 
 
+class InvalidPolicy(ValueError):
+    """A GpuPolicy spec that cannot take effect; the message says which field and why, for a person."""
+
+
 class GpuPolicySpec(Policy):
     """The scoring policy's fields, plus who may ask for what (enforced by the admission webhook).
 
@@ -383,6 +388,14 @@ class GpuPolicySpec(Policy):
     admission: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     run_limits: RunLimits = Field(default_factory=RunLimits)
     ttl_seconds_after_finished: Retention = Field(default_factory=Retention)
+
+    @classmethod
+    def checked(cls, spec: Any) -> GpuPolicySpec:
+        """The webhook's and the operator's one check of a policy (the operator's covers clusters with no webhook)."""
+        try:
+            return cls.model_validate(spec)
+        except ValidationError as err:
+            raise InvalidPolicy(describe(err, "spec")) from None
 
     @model_validator(mode="after")
     def _admission_fits(self) -> GpuPolicySpec:

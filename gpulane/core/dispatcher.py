@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from gpulane.core.events import (
@@ -36,9 +36,10 @@ from gpulane.core.events import (
     Unloaded,
     UsageRestored,
 )
-from gpulane.core.jobs import Job, ModelCatalog
+from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.policy import Policy, PolicyError
-from gpulane.core.ranking import Ranking, make_ranking
+from gpulane.core.ranking import MemberLevel, Ranking, make_ranking
+from gpulane.core.score import ScoreBreakdown
 
 Clock = Callable[[], float]
 
@@ -78,6 +79,16 @@ class Lane:
     @property
     def ready(self) -> bool:
         return self.resident is not None and self.loading_since is None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneState:
+    """What a shell reads of a lane: whether it takes jobs, the model it holds, and whether that model is loaded."""
+
+    id: str
+    online: bool
+    resident: str | None
+    ready: bool
 
 
 class DispatchError(ValueError):
@@ -218,6 +229,31 @@ class Dispatcher:
         """The jobs holding ``lane_id``'s capacity, in dispatch order."""
         lane = self.lanes.get(lane_id)
         return [] if lane is None else list(lane.running.values())
+
+    def lane_state(self, lane_id: str) -> LaneState | None:
+        lane = self.lanes.get(lane_id)
+        return None if lane is None else LaneState(lane.id, lane.online, lane.resident, lane.ready)
+
+    def pending(self) -> Iterator[Job]:
+        """The waiting jobs, in arrival order."""
+        return self.ranking.pending()
+
+    def score(self, job: Job, lane_id: str | None, now: float) -> ScoreBreakdown:
+        """A waiting job's score at ``now`` on ``lane_id`` (its affinity is the lane's resident model's)."""
+        lane = self.lanes.get(lane_id or "")
+        return self.ranking.breakdown(job, None if lane is None else lane.resident, now)
+
+    def served(self) -> dict[MemberLevel, float]:
+        """When each (member, band) queue was last served, to persist."""
+        return self.ranking.served()
+
+    def usage(self, now: float) -> dict[MemberLevel, float]:
+        """Each (member, band)'s decayed GPU-seconds at ``now``, to persist."""
+        return self.ranking.usage(now)
+
+    def model(self, name: str) -> ModelSpec:
+        """A model's spec with what was learned of its load and run times."""
+        return self.models.get(name)
 
     def _lane_of(self, job_id: str) -> Lane | None:
         return next((lane for lane in self.lanes.values() if job_id in lane.running), None)

@@ -68,7 +68,7 @@ def pod_changed(host: Host, state: PodState, gone: bool) -> None:
     if gone and runner.deleting == state.uid:
         runner.deleting = None
     elif gone or state.failed:
-        core = host.dispatcher.lanes.get(state.lane)
+        core = host.dispatcher.lane_state(state.lane)
         if core is not None and core.resident == state.model and runner.deleting != state.uid:
             what = "was deleted" if gone else "failed"
             message = f"backend pod {state.name} for {state.model} {what}"
@@ -98,7 +98,7 @@ def check_node(host: Host, runner: LaneRunner) -> None:
     else:
         log.warning("lane %s: offline: %s", runner.name, problem)
     runner.node_problem = problem
-    core = host.dispatcher.lanes.get(runner.name)
+    core = host.dispatcher.lane_state(runner.name)
     if core is not None:  # node events arrive after the rebuild (kopf's startup handler) took lanes online
         host.apply(LaneUpdated(runner.name, online=runner.online, resident=core.resident))
     host.status.lane_dirty(runner.name)

@@ -58,7 +58,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         memo.controller = Controller(kube, Settings(**memo.settings))
     ctl: Controller = memo.controller
     if memo.get("chains") is None:
-        memo.chains = Chains(ctl.kube, ctl.clock, ctl.spawn, lambda model: ctl.dispatcher.models.get(model).run_seconds,
+        memo.chains = Chains(ctl.kube, ctl.clock, ctl.spawn, lambda model: ctl.dispatcher.model(model).run_seconds,
                              lambda: (ctl.observed.admission, ctl.dispatcher.policy))  # fmt: skip
     if memo.get("health") is None:
         # A standby is ready too: it stands by, as it should (the leader's /readyz says the state is rebuilt).

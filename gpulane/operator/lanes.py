@@ -120,7 +120,7 @@ class LaneRunner:
 
     async def reconcile(self) -> None:
         host = self.host
-        core = host.dispatcher.lanes.get(self.name)
+        core = host.dispatcher.lane_state(self.name)
         want = core.resident if core is not None else None
         pod = self.pod
         now = host.clock()

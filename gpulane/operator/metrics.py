@@ -27,7 +27,7 @@ QueueSnapshot = Callable[[], dict[str, tuple[int, float]]]
 
 def queue_snapshot(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, float]]:
     out: dict[str, tuple[int, float]] = {}
-    for job in dispatcher.ranking.pending():
+    for job in dispatcher.pending():
         band = band_label(job.priority, dispatcher.policy)
         count, oldest = out.get(band, (0, 0.0))
         out[band] = (count + 1, max(oldest, now - job.submitted_at))

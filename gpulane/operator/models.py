@@ -37,7 +37,7 @@ def learn(observed: Observed, dispatcher: Dispatcher, model: str, what: str) -> 
     ``run``. False when the model has no GpuModel (any more), so there is nothing to write."""
     if model not in observed.models:
         return False
-    spec = dispatcher.models.get(model)
+    spec = dispatcher.model(model)
     stats = observed.learned.setdefault(model, {})
     stats["loadSeconds"] = round(spec.load_seconds, 3)
     stats["runSeconds"] = round(spec.run_seconds, 3)
@@ -113,7 +113,7 @@ def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
     if observed.model_generations.get(name) != body["metadata"].get("generation"):
         observed.model_generations[name] = body["metadata"].get("generation")
         host.status.model_dirty(name)
-    host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.models.get(name))))
+    host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.model(name))))
     for view in host.jobs.unpark(name):
         refusal = policy_refusal(host.dispatcher.policy, view.job.priority, view.job.tier)
         if refusal is not None:  # the policy changed while it waited for its model
@@ -189,6 +189,6 @@ async def pod_refusal(host: Host, name: str, spec: GpuModelSpec) -> tuple[str | 
 
 def _park_model(host: Host, model: str) -> None:
     """Waiting jobs of a deleted model go back to waiting for a GpuModel of that name."""
-    for job in [j for j in host.dispatcher.ranking.pending() if j.model == model]:
+    for job in [j for j in host.dispatcher.pending() if j.model == model]:
         host.apply(JobCancelled(job.id))
         host.jobs.park(host.jobs[job.id])

@@ -7,10 +7,9 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from gpulane.admission.review import Refused, validate_policy
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.contract import Body
-from gpulane.api.resources import GpuPolicyStatus
+from gpulane.api.resources import GpuPolicySpec, GpuPolicyStatus, InvalidPolicy
 from gpulane.api.retention import Retention
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
@@ -44,8 +43,8 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         return
     now = host.clock()
     try:
-        parsed = validate_policy(body.get("spec") or {})
-    except Refused as err:
+        parsed = GpuPolicySpec.checked(body.get("spec") or {})
+    except InvalidPolicy as err:
         log.error("GpuPolicy %s refused: %s", meta["name"], err)
         message = f"{err}; the previous policy stays in effect"
         cond = condition("Accepted", False, "InvalidPolicy", message, now, generation)

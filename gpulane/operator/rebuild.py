@@ -129,8 +129,8 @@ def replay(ctl: Host, world: World) -> None:
     for name, runner in ctl.lanes.items():
         _check_adopted(ctl, name)
         pod = observed.pods.get(name)
-        core = ctl.dispatcher.lanes[name]
-        resident = pod.model if pod is not None and not pod.failed else core.resident
+        core = ctl.dispatcher.lane_state(name)
+        resident = pod.model if pod is not None and not pod.failed else core.resident if core else None
         ctl.apply(LaneUpdated(name, online=runner.online, resident=resident))
         if resident is not None and resident not in observed.models:  # its GpuModel went while we were away
             ctl.apply(ModelRemoved(resident))

@@ -232,8 +232,7 @@ class StatusWriter:
             per_lane[f.lane] += 1
             exact = index < exact_n
             position = f.position if exact else bucket(f.position, exact_n)
-            lane = dispatcher.lanes.get(f.lane or "")
-            score = dispatcher.ranking.breakdown(view.job, lane.resident if lane else None, now)
+            score = dispatcher.score(view.job, f.lane, now)
             start = None if f.start is None else round(f.start if exact else f.start / 60) * (1 if exact else 60)
             desired = (position, exact, start, round(score.total))
             if not self._changed(view.written, desired):
@@ -297,7 +296,7 @@ class StatusWriter:
     async def _write_lane(self, name: str) -> None:
         host = self.host
         runner = host.lanes[name]
-        core = host.dispatcher.lanes.get(name)
+        core = host.dispatcher.lane_state(name)
         pod = host.observed.pods.get(name)
         spacing, now = host.dispatcher.policy.band_spacing, host.clock()
         depth = self._depth.get(name, {})
@@ -326,11 +325,11 @@ class StatusWriter:
                 "queueDepth": depth,
                 "lastServed": [
                     {"member": member, "band": band * spacing, "at": format_time(at)}
-                    for (member, band), at in sorted(host.dispatcher.ranking.served().items())
+                    for (member, band), at in sorted(host.dispatcher.served().items())
                 ],
                 "usage": [
                     {"member": member, "band": band * spacing, "gpuSeconds": round(seconds, 3), "at": format_time(now)}
-                    for (member, band), seconds in sorted(host.dispatcher.ranking.usage(now).items())
+                    for (member, band), seconds in sorted(host.dispatcher.usage(now).items())
                 ],
             }
         )

@@ -73,6 +73,23 @@ def test_there_are_no_import_circles():
     assert circles == []
 
 
+def test_outside_the_core_the_dispatcher_is_read_only_through_its_public_reads():
+    """The core is the one holder of what runs where: the shells read it through ``lane_state``, ``on_lane``,
+    ``placed``, ``pending``, ``score``... and never reach into its lanes, ranking or model catalog."""
+    internals = {"lanes", "ranking", "models", "history", "_effects"}
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(PACKAGE / "core"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in internals:
+                owner = node.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if name == "dispatcher":
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} dispatcher.{node.attr}")
+    assert offenders == []
+
+
 def test_the_controller_is_a_router_of_a_few_hundred_lines():
     assert len((PACKAGE / "operator" / "controller.py").read_text().splitlines()) < 400
 
