@@ -34,7 +34,7 @@ from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
-from gpulane.operator import backends, effects, models, policies, rebuild, resync
+from gpulane.operator import backends, effects, models, policies, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
@@ -161,11 +161,15 @@ class Controller:
                 self.spawn(self.writes.drop_finalizer(meta["namespace"], meta["name"], finalizers))
             if phase in TERMINAL_PHASES:
                 self.expiries.finished(body, self.observed.retention, self.clock())
+        elif view is None and phase in ("Dispatching", "Running"):
+            # Once the operator runs, only its own dispatches are active (the rebuild adopted the others): a job
+            # that claims to be (someone with gpujobs/status rights wrote it) takes no lane and is failed.
+            lane = str(status.get("lane"))[:63]
+            why = f"its status claimed phase {phase} on lane {lane}, but the operator never dispatched it"
+            log.warning("not adopting %s: %s", job_key(body), why)
+            self._refuse(body, Refusal("NotDispatched", why))
         elif view is None:
-            if phase in ("Dispatching", "Running"):
-                rebuild.adopt(self, body)
-            else:
-                self._admit(body)
+            self._admit(body)
         elif meta.get("deletionTimestamp"):
             self._cancel(view)
 

@@ -18,7 +18,6 @@ from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobAdopted, LaneUpdated, ModelRemoved, QueueServed, UsageRestored
 from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
@@ -39,7 +38,6 @@ class Host(Protocol):
     observed: Observed
     history: DispatchHistory
     lanes: dict[str, LaneRunner]
-    writes: JobWrites
     ready: bool
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
@@ -117,14 +115,14 @@ def replay(ctl: Host, world: World) -> None:
         ctl.lane_event(None, body, online=False)
     jobs = sorted(world.jobs, key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)))
     for body in jobs:
-        if (body.get("status") or {}).get("phase") in ACTIVE_PHASES:
-            ctl.job_event(None, body)
+        if _adoptable(body):
+            adopt(ctl, body)
     for member, priority, at in served_clocks(world.lanes, jobs):
         ctl.apply(QueueServed(member, priority, at))
     for member, priority, seconds, at in usage_entries(world.lanes):
         ctl.apply(UsageRestored(member, priority, seconds, at))
     for body in jobs:
-        if (body.get("status") or {}).get("phase") not in ACTIVE_PHASES:
+        if not _adoptable(body):
             ctl.job_event(None, body)
     for name, runner in ctl.lanes.items():
         _check_adopted(ctl, name)
@@ -144,17 +142,15 @@ def replay(ctl: Host, world: World) -> None:
     )
 
 
+def _adoptable(body: Body) -> bool:
+    """Dispatching or Running, and not being deleted (a deleted one only gives its finalizer up)."""
+    return (body.get("status") or {}).get("phase") in ACTIVE_PHASES and not body["metadata"].get("deletionTimestamp")
+
+
 def adopt(ctl: Host, body: Body) -> None:
-    """A job found Dispatching or Running at the rebuild: it holds its lane's capacity again. Once the
-    operator runs, only its own dispatches are active: an unknown job that claims to be (someone with
-    the right to patch gpujobs/status wrote it, on a finished job, say) takes no lane and is failed."""
+    """A job found Dispatching or Running at the rebuild: it holds its lane's capacity again. (Once the
+    operator runs, only its own dispatches are active: the controller fails any other that claims to be.)"""
     status = body.get("status") or {}
-    if ctl.ready:
-        lane = str(status.get("lane"))[:63]
-        why = f"its status claimed phase {status.get('phase')} on lane {lane}, but the operator never dispatched it"
-        log.warning("not adopting %s: %s", job_key(body), why)
-        ctl.spawn(ctl.writes.refuse(body, Refusal("NotDispatched", why)))
-        return
     result = job_from_body(body, None, ctl.clock())  # no policy check: it runs already, whatever the policy now says
     if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
         log.error("cannot adopt %s: %s", job_key(body), result.message)
