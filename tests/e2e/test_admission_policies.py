@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 
@@ -42,6 +42,9 @@ USERS = ["alice", "bob", "system:serviceaccount:apps:render", "system:serviceacc
 GROUPS = ["artists", "studio", "night"]
 ACCOUNTS = ["apps/render", "apps/chat"]
 TIERS = {"free": 0, "pro": 1, "max": 2, "gold": 3}
+# Tried first, so that every run caps a job whatever the random draws: 400 is capped to 0, batch is under it.
+CAPPING = {"tierBonus": {t: TIERS[t] for t in ("free", "pro", "max")},
+           "admission": {"mode": "cap", "defaultCap": 0, "defaultTier": "free", "rules": []}}  # fmt: skip
 PROBE_USER = "probe"
 
 
@@ -241,6 +244,7 @@ def test_the_policies_store_what_the_webhook_stores_or_both_refuse(
         @settings(max_examples=20, deadline=None, database=None,
                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
         @given(policy=policies(list(namespaces)), jobs=st.lists(submissions(), min_size=8, max_size=8))
+        @example(policy=CAPPING, jobs=[("alice", [], {"priority": 400}), ("bob", [], {"priority": "batch"})])
         def same_outcome(policy: dict[str, Any], jobs: list[tuple[str, list[str], dict[str, Any]]]) -> None:
             apply_policy(policy)
             for user, groups, spec in jobs:
