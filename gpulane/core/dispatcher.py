@@ -393,7 +393,7 @@ class Dispatcher:
         if self.policy.load_yield:
             self._yield_loads(now)
         while len(self.ranking):
-            choice = self._best_pair()
+            choice = self._best_pair(now)
             if choice is None:
                 break
             self._effects.append(self._dispatch(*choice))
@@ -435,7 +435,7 @@ class Dispatcher:
             charges = [r.charge for r in runs if r.charge is not None and r.job.id not in self._yielded]
             if len(charges) < len(runs):
                 continue
-            best = self.ranking.best(None)
+            best = self.ranking.best(None, now)
             if best is None:
                 return
             _, seq, newcomer = best
@@ -455,7 +455,7 @@ class Dispatcher:
                 self._yielded.add(run.job.id)
                 self._effects.append(Requeued(run.job, lane.id, now, newcomer.id))
 
-    def _best_pair(self) -> tuple[Lane, Job, int] | None:
+    def _best_pair(self, now: float) -> tuple[Lane, Job, int] | None:
         """The best (lane, job) pair a lane may start now.
 
         A lane with room starts its best job if that job uses the resident model. If the best
@@ -467,7 +467,7 @@ class Dispatcher:
                 continue
             if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
                 continue
-            best = self.ranking.best(lane.resident)
+            best = self.ranking.best(lane.resident, now)
             if best is None:
                 return None
             value, seq, job = best
@@ -480,7 +480,7 @@ class Dispatcher:
     def _dispatch(self, lane: Lane, job: Job, seq: int) -> Dispatch:
         now = self.clock()
         score = self.ranking.breakdown(job, lane.resident, now)
-        changed = self.ranking.alternatives(lane.resident, job) if self._explain else {}
+        changed = self.ranking.alternatives(lane.resident, job, now) if self._explain else {}
         load = job.model != lane.resident
         replaces = lane.resident if load else None
         # Charged now, so that a burst's usage shows at once; corrected when the job ends. Never below the

@@ -61,6 +61,12 @@ class RankedIndex(Generic[T]):
                     value, seq, payload = local_value, local[1], local[5]
         return value, seq, payload
 
+    def best_of(self, model: str) -> tuple[float, int, T] | None:
+        """The best (value, seq, payload) among the items of ``model``."""
+        heap = self._by_model.get(model)
+        top = self._peek(heap) if heap else None
+        return None if top is None else (-top[0], top[1], top[5])
+
     def copy(self) -> RankedIndex[T]:
         clone: RankedIndex[T] = RankedIndex()
         clone._all = list(self._all)

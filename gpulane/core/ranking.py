@@ -16,7 +16,7 @@ from gpulane.core.jobs import Job
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex
 from gpulane.core.score import ScoreBreakdown
-from gpulane.core.usage import UsageLedger
+from gpulane.core.usage import NEGLIGIBLE, UsageLedger
 
 Best = tuple[float, int, Job]
 MemberLevel = tuple[str, int]  # (member, band index)
@@ -37,9 +37,9 @@ class Ranking(Protocol):
     def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None: ...
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None: ...
     def usage(self, now: float) -> dict[MemberLevel, float]: ...
-    def best(self, resident: str | None) -> Best | None: ...
+    def best(self, resident: str | None, now: float) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
-    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]: ...
+    def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]: ...
     def copy(self) -> Ranking: ...
 
 
@@ -68,6 +68,10 @@ class FairShareRanking:
     With ``fair_share: usage`` the members of one band are ranked by their decayed GPU usage
     instead of their turns: inside a band the queue clock starts at the member's usage clock
     (``core/usage.py``), so the member who used the least goes first whatever its jobs' lengths.
+    Affinity is worth ``affinity_bonus * aging_divisor_seconds`` GPU-seconds there (``affinity_credit``),
+    or its bonus on the usage clock if that is more: the resident model's job goes ahead of a less-used
+    member's job when its member has used at most that much more, so a swap is not paid for a small usage
+    lead, and a member who used far less still wins (``docs/policy.md``).
     Each band then competes with the job it picked, at that job's own score: the band, tier,
     affinity and aging terms across bands are unchanged.
     """
@@ -77,6 +81,7 @@ class FairShareRanking:
         self.policy = policy
         self._divisor = policy.aging_divisor_seconds
         self._by_usage = policy.fair_share == "usage"
+        self.affinity_credit = policy.affinity_bonus * self._divisor  # GPU-seconds, under usage
         self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
         # Turns: every head by its score. Usage: per band, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
@@ -185,9 +190,9 @@ class FairShareRanking:
         """Each (member, band)'s decayed GPU-seconds at ``now``, to persist (both modes keep it)."""
         return self._ledger.snapshot(now)
 
-    def best(self, resident: str | None) -> Best | None:
+    def best(self, resident: str | None, now: float) -> Best | None:
         bonus = self.policy.affinity_bonus * self._divisor
-        return self._best_by_usage(resident, bonus) if self._by_usage else self._heads.best(resident, bonus)
+        return self._best_by_usage(resident, bonus, now) if self._by_usage else self._heads.best(resident, bonus)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
@@ -200,12 +205,12 @@ class FairShareRanking:
             aging=(now - self._aging_start(job, level)) / self._divisor,
         )
 
-    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
+    def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]:
         """The winner without each term; a term appears only where it changed the winner."""
         bonus = self.policy.affinity_bonus
         candidates = {
             "aging": self._heads_no_aging.best(resident, bonus),
-            "affinity": self.best(None),
+            "affinity": self.best(None, now),
             "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),  # usage or turns
         }
         return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
@@ -240,18 +245,38 @@ class FairShareRanking:
         if self._by_usage and level in self._oldest:
             self._refresh_level(level)
 
-    def _best_by_usage(self, resident: str | None, bonus: float) -> Best | None:
-        """Each band's job by usage, then the best of those by their own scores."""
+    def _best_by_usage(self, resident: str | None, bonus: float, now: float) -> Best | None:
+        """Each band's job by usage (the resident model's if affinity covers the gap), then the best of those
+        by their own scores."""
         chosen: Best | None = None
         for band, index in self._bands.items():
-            top = index.best(resident, bonus)
+            top = index.best(None, 0.0)
             if top is None:
                 continue
+            if resident is not None and top[2].model != resident:
+                local = index.best_of(resident)
+                if local is not None and self._resident_first(local, top, band, bonus, now):
+                    top = local
             job = top[2]
             value = self._own_key[(job.member, band, job.model)] + (bonus if job.model == resident else 0.0)
             if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
                 chosen = (value, top[1], job)
         return chosen
+
+    def _resident_first(self, local: Best, top: Best, band: int, bonus: float, now: float) -> bool:
+        """Whether the band's best job for the resident model goes ahead of its best job by usage: its key moves
+        forward by the bonus (as under turns, and always inside one member), or across members by what
+        crediting its member ``affinity_credit`` GPU-seconds of usage moves it, whichever is more."""
+        job, credit = local[2], bonus
+        level = (job.member, band)
+        clock = self._ledger.clock(level)
+        if job.member != top[2].member and clock is not None:
+            rest = self._ledger.seconds(level, now) - self.affinity_credit
+            credited = None if rest < NEGLIGIBLE else now + self._ledger.half_life * math.log2(rest)
+            moved = self._usage_start(job, level, clock) - self._usage_start(job, level, credited)
+            credit = max(bonus, moved)
+        value = local[0] + credit
+        return value > top[0] or (value == top[0] and local[1] < top[1])
 
     def _served(self, level: MemberLevel, at: float) -> None:
         self._last_dispatch[level] = max(at, self._last_dispatch.get(level, at))
@@ -273,9 +298,8 @@ class FairShareRanking:
             return job.submitted_at
         return max(job.submitted_at, last + job.submitted_at - self._oldest[level][0][0])
 
-    def _usage_start(self, job: Job, level: MemberLevel) -> float:
+    def _usage_start(self, job: Job, level: MemberLevel, clock: float | None) -> float:
         """The queue clock inside the band under usage: the member's usage clock, not its last turn."""
-        clock = self._ledger.clock(level)
         if clock is None:
             return job.submitted_at
         return max(job.submitted_at, clock + job.submitted_at - self._oldest[level][0][0])
@@ -320,7 +344,8 @@ class FairShareRanking:
             band = self._bands.get(level[1])
             if band is None:
                 band = self._bands[level[1]] = RankedIndex()
-            band.put(qkey, job.model, base * self._divisor - self._usage_start(job, level), seq, job)
+            start = self._usage_start(job, level, self._ledger.clock(level))
+            band.put(qkey, job.model, base * self._divisor - start, seq, job)
         else:
             self._heads.put(qkey, job.model, own, seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
@@ -385,7 +410,7 @@ class OrderedRanking:
     def usage(self, now: float) -> dict[MemberLevel, float]:
         return {}
 
-    def best(self, resident: str | None) -> Best | None:
+    def best(self, resident: str | None, now: float) -> Best | None:
         return self._index.best(resident, self._bonus)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
@@ -397,7 +422,7 @@ class OrderedRanking:
             (now - job.submitted_at) / self.policy.aging_divisor_seconds if self._aging else 0.0,
         )
 
-    def alternatives(self, resident: str | None, winner: Job) -> dict[str, str]:
+    def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]:
         return {}
 
     def copy(self) -> OrderedRanking:

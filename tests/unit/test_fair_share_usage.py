@@ -165,9 +165,12 @@ HALF_LIFE = 900.0
 
 def reference_winner(pending, charges, last_dispatch, now, resident, policy):
     """The rule computed from scratch: in each band the member queue head with the best usage key
-    (the bounded terms in aging-seconds, minus the usage clock), then the best of those picks by
-    their own scores (aging from the member's last dispatch, as ever). Returns each band's picks:
-    (key, -seq, own score, job), more than one when keys tie."""
+    (the bounded terms in aging-seconds, minus the usage clock), unless the best head for the resident
+    model is within what affinity is worth of it (its bonus in aging-seconds, or across members the
+    clock its member would have with ``affinityBonus * agingDivisorSeconds`` GPU-seconds less usage,
+    whichever moves it more); then the best of the bands' picks by their own scores (aging from the
+    member's last dispatch, as ever). Returns each band's picks: (key, -seq, own score, job), more than
+    one when keys tie."""
     div = policy.aging_divisor_seconds
     usage: dict = {}
     for level, seconds, at in charges:
@@ -180,23 +183,44 @@ def reference_winner(pending, charges, last_dispatch, now, resident, policy):
         key = (*level, job.model)
         if key not in heads or (job.priority, -seq) > (heads[key][0].priority, -heads[key][1]):
             heads[key] = (job, seq)
+
+    def start(job, level, used):
+        if used < 1e-6:
+            return job.submitted_at
+        return max(job.submitted_at, now + HALF_LIFE * math.log2(used) + job.submitted_at - oldest[level])
+
     picks: dict = {}
     for (member, band, model), (job, seq) in heads.items():
         level = (member, band)
         bonus = policy.affinity_bonus if model == resident else 0
-        base = (job.priority + policy.bonus_for_tier(job.tier) + bonus) * div
-        start = job.submitted_at
-        if usage.get(level, 0.0) >= 1e-6:
-            clock = now + HALF_LIFE * math.log2(usage[level])
-            start = max(start, clock + job.submitted_at - oldest[level])
+        base = (job.priority + policy.bonus_for_tier(job.tier)) * div
         own_start = job.submitted_at
         if level in last_dispatch:
             own_start = max(own_start, last_dispatch[level] + job.submitted_at - oldest[level])
-        entry = (base - start, -seq, base - own_start, job)
+        entry = (base - start(job, level, usage.get(level, 0.0)), -seq, base + bonus * div - own_start, job)
         picks.setdefault(band, []).append(entry)
-    # Keys are computed through logarithms: heads within a microsecond of a band's best key tie, and any
-    # of them is the band's pick (seed 454 tied two members' heads 2e-12 apart).
-    return {band: [e for e in entries if e[0] >= max(x[0] for x in entries) - 1e-6] for band, entries in picks.items()}
+    out = {}
+    for band, entries in picks.items():
+        # Keys are computed through logarithms: heads within a microsecond of a band's best key tie, and any
+        # of them is the band's pick (seed 454 tied two members' heads 2e-12 apart).
+        best = max(e[0] for e in entries)
+        tied = [e for e in entries if e[0] >= best - 1e-6]
+        first = max(tied, key=lambda e: e[:2])
+        local = [e for e in entries if e[3].model == resident]
+        if resident is not None and first[3].model != resident and local:
+            r = max(local, key=lambda e: e[:2])
+            level = (r[3].member, band)
+            credit = policy.affinity_bonus * div
+            used = usage.get(level, 0.0)
+            if r[3].member != first[3].member and used >= 1e-6:
+                moved = start(r[3], level, used) - start(r[3], level, used - policy.affinity_bonus * div)
+                credit = max(credit, moved)
+            if abs(r[0] + credit - first[0]) < 1e-6:  # a tie up to float rounding: either may be the pick
+                tied = [*tied, r]
+            elif r[0] + credit > first[0]:
+                tied = [r]
+        out[band] = tied
+    return out
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -268,3 +292,50 @@ def test_a_low_expected_run_buys_no_turns(stated):
     clock.now = 2
     decisions = d.handle_all([LaneUpdated("gpu-0", resident="m"), LaneUpdated("gpu-1", resident="m")])
     assert names(decisions) == ["a0", "b0"]
+
+
+# -- affinity under usage (issue 37) ------------------------------------------------------------
+
+
+def usage_duel(lead: float) -> str:
+    """The lane holds warm; ann (warm) has used ``lead`` GPU-seconds more than bob (cold). Who goes next?"""
+    d, clock = dispatcher(lanes={"gpu-0": "warm"}, policy=USAGE, models=[ModelSpec("warm"), ModelSpec("cold")])
+    submit(d, clock, "blocker", model="warm", member="x")
+    d.handle(ModelLoaded("gpu-0", "warm"))
+    d.handle(UsageRestored("ann", 0, 1000 + lead, 0.0))
+    d.handle(UsageRestored("bob", 0, 1000, 0.0))
+    submit(d, clock, "bob-cold", model="cold", member="bob")
+    submit(d, clock, "ann-warm", model="warm", member="ann")
+    [decision] = d.handle(JobFinished("blocker"))
+    return decision.job.id
+
+
+def test_a_resident_models_job_goes_ahead_of_a_usage_lead_worth_less_than_a_swap():
+    """Affinity is worth affinityBonus * agingDivisorSeconds = 600 GPU-seconds under usage: a lead of 500 does
+    not buy a swap (the old rule, 600 s of usage clock, allowed a ratio of 1.12 only: 120 s at 1,000)."""
+    assert USAGE.affinity_bonus * USAGE.aging_divisor_seconds == 600
+    assert usage_duel(500) == "ann-warm"
+    assert usage_duel(700) == "bob-cold"  # bounded: a member who used far less still wins
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    gap=st.integers(1, 3),
+    lo_tier=st.sampled_from(["free", "pro", "max"]),
+    hi_tier=st.sampled_from(["free", "pro", "max"]),
+    lo_usage=st.floats(0, 1e6),
+    hi_usage=st.floats(0, 1e6),
+    lo_warm=st.booleans(),
+)
+def test_bands_beat_tier_affinity_and_usage_together(gap, lo_tier, hi_tier, lo_usage, hi_usage, lo_warm):
+    """The band invariant under usage: a job one or more bands up goes first whatever the tier, the resident
+    model and the two members' GPU usage (equal waits, so aging plays no part)."""
+    d, clock = dispatcher(lanes={"gpu-0": "warm"}, policy=USAGE)
+    submit(d, clock, "blocker", model="warm", member="x")
+    d.handle(ModelLoaded("gpu-0", "warm"))
+    d.handle(UsageRestored("lo", -100, lo_usage, 0.0))
+    d.handle(UsageRestored("hi", -100 + 100 * gap, hi_usage, 0.0))
+    submit(d, clock, "lo-job", model="warm" if lo_warm else "cold", priority=-100, tier=lo_tier, member="lo")
+    submit(d, clock, "hi-job", model="cold", priority=-100 + 100 * gap, tier=hi_tier, member="hi")
+    clock.now = 60.0
+    assert names(d.handle(JobFinished("blocker"))) == ["hi-job"]

@@ -63,6 +63,17 @@ def test_far_fewer_swaps_than_fifo_on_mixed_models(results):
     assert gpulane <= 0.35 * fifo
 
 
+def test_affinity_holds_under_fair_share_by_usage(results):
+    """Issue 37: two models asked for in turn by members who each use one. Fair share by usage let the smallest
+    usage lead outweigh affinity (27 swaps against 7 taking turns); it may not swap more than 1.5x turns,
+    and the members still share the GPU."""
+    usage = results[("alternating-models", "gpulane")]
+    turns = results[("alternating-models", "gpulane-turns")]["overall"]["swaps"]
+    assert usage["overall"]["swaps"] <= 1.5 * turns
+    assert usage["bands"]["normal"]["fairness"] >= 0.95
+    assert results[("alternating-models", "fifo")]["overall"]["swaps"] == 119  # every job swaps
+
+
 def test_no_starvation_under_saturated_interactive_load(results):
     gpulane = wait(results[("saturated-interactive", "gpulane")], "nightly-render", "max")
     strict = wait(results[("saturated-interactive", "strict")], "nightly-render", "max")
