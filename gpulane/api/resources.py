@@ -358,6 +358,15 @@ class UsageEntry(CamelModel):
     at: str = Field(json_schema_extra=TIME_FORMAT)
 
 
+class TeamUsageEntry(CamelModel):
+    """A namespace's (a team's) decayed GPU usage in a band as of ``at``: the upper level of fair share."""
+
+    namespace: str
+    band: int
+    gpu_seconds: float = Field(ge=0)
+    at: str = Field(json_schema_extra=TIME_FORMAT)
+
+
 class GpuLaneStatus(CamelModel):
     resident_model: str | None = None
     pod: str | None = None
@@ -366,6 +375,7 @@ class GpuLaneStatus(CamelModel):
     queue_depth: dict[str, int] | None = None
     last_served: list[ServedClock] | None = None
     usage: list[UsageEntry] | None = None
+    team_usage: list[TeamUsageEntry] | None = None
     history: list[DispatchRecord] | None = None  # the lane's latest dispatches, at most HISTORY_LIMIT
     conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None

@@ -32,6 +32,7 @@ from gpulane.core.events import (
     ModelUpdated,
     QueueServed,
     Requeued,
+    TeamUsageRestored,
     UnloadAll,
     Unloaded,
     UsageRestored,
@@ -158,6 +159,8 @@ class Dispatcher:
                 self.ranking.note_served(member, priority, at)
             case UsageRestored(member, priority, seconds, at):
                 self.ranking.restore_usage(member, priority, seconds, at)
+            case TeamUsageRestored(team, priority, seconds, at):
+                self.ranking.restore_team_usage(team, priority, seconds, at)
             case LaneUpdated(lane_id, online, resident):
                 self._update_lane(lane_id, online, resident)
             case LoadLost(lane_id):
@@ -186,6 +189,8 @@ class Dispatcher:
             self.ranking.note_served(member, band * spacing, at)
         for (member, band), seconds in old.usage(now).items():
             self.ranking.restore_usage(member, band * spacing, seconds, now)
+        for (team, band), seconds in old.team_usage(now).items():
+            self.ranking.restore_team_usage(team, band * spacing, seconds, now)
         rejected: list[tuple[Job, str]] = []
         for job in old.pending():  # in arrival order
             self._forget(job.id)
@@ -251,6 +256,10 @@ class Dispatcher:
         """Each (member, band)'s decayed GPU-seconds at ``now``, to persist."""
         return self.ranking.usage(now)
 
+    def team_usage(self, now: float) -> dict[MemberLevel, float]:
+        """Each (team, band)'s decayed GPU-seconds at ``now``, to persist."""
+        return self.ranking.team_usage(now)
+
     def model(self, name: str) -> ModelSpec:
         """A model's spec with what was learned of its load and run times."""
         return self.models.get(name)
@@ -304,7 +313,7 @@ class Dispatcher:
             start, charged = run.charge.decision.at, run.charge.seconds
             used = max(0.0, self.clock() - start)
             if used != charged:
-                self.ranking.correct_usage(run.job.member, run.job.priority, start, charged, used)
+                self.ranking.correct_usage(run.job, start, charged, used)
 
     def _adopt(self, job: Job, lane_id: str, started_at: float) -> None:
         self.ranking.remove(job.id)

@@ -63,6 +63,17 @@ class UsageRestored:
 
 
 @dataclass(frozen=True, slots=True)
+class TeamUsageRestored:
+    """A team's (a namespace's) GPU usage at ``priority``'s band, as ``UsageRestored`` is a member's: the upper
+    level of fair share's tree survives a restart too."""
+
+    team: str
+    priority: int
+    gpu_seconds: float
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class LaneUpdated:
     """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it."""
 
@@ -117,6 +128,7 @@ Event = (
     | JobAdopted
     | QueueServed
     | UsageRestored
+    | TeamUsageRestored
     | LaneUpdated
     | LoadLost
     | ModelLoaded

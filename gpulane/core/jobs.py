@@ -19,6 +19,8 @@ class Job:
     expected_run_seconds: float | None = None
     # How long its caller waits for it to start; the policy's band default may be smaller.
     queue_timeout_seconds: float | None = None
+    # The team its member belongs to under fair share (the operator: the job's namespace); None: a team of one.
+    team: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

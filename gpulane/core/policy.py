@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -42,6 +42,38 @@ class PriorityBounds(CamelModel):
         return self
 
 
+MAX_WEIGHT = 1000.0
+_WEIGHT_SCHEMA: dict[str, Any] = {
+    "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WEIGHT},
+    "maxProperties": 10_000,
+}
+
+
+class FairShareWeights(CamelModel):
+    """Shares of GPU time under fair share by usage, 1 when not named: a team's (a namespace's) among the teams
+    waiting in a band, then a member's among its team's members (or among all, for a member without a team)."""
+
+    # The schema bounds each weight as the validator below does, so that the apiserver refuses it too.
+    namespaces: dict[str, float] = Field(default_factory=dict, json_schema_extra=_WEIGHT_SCHEMA)
+    members: dict[str, float] = Field(default_factory=dict, json_schema_extra=_WEIGHT_SCHEMA)
+
+    @model_validator(mode="after")
+    def _positive(self) -> FairShareWeights:
+        for kind, weights in (("namespaces", self.namespaces), ("members", self.members)):
+            for name, weight in weights.items():
+                if isinstance(weight, bool) or not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+                    raise PolicyError(
+                        f"fairShareWeights.{kind}[{name[:63]!r}] must be a number above 0 and at most "
+                        f"{MAX_WEIGHT:g}, got {str(weight)[:40]}"
+                    )
+        return self
+
+    def of(self, team: str | None, member: str) -> tuple[float, float]:
+        """(the team's weight, the member's weight inside it); a member without a team is a team of its own."""
+        own = self.members.get(member, 1.0)
+        return (own, 1.0) if team is None else (self.namespaces.get(team, 1.0), own)
+
+
 class Policy(CamelModel):
     tier_bonus: dict[str, int] = Field(default_factory=lambda: {"free": 0, "pro": 1, "max": 2})
     affinity_bonus: int = Field(default=10, ge=0)
@@ -51,6 +83,8 @@ class Policy(CamelModel):
     # How members of one band share the GPU: by decayed GPU seconds (usage) or by taking turns.
     fair_share: FairShare = "usage"
     fair_share_half_life_seconds: float = 3600.0
+    # Under usage: a namespace's share among the namespaces of a band, a member's inside its namespace.
+    fair_share_weights: FairShareWeights = Field(default_factory=FairShareWeights)
     # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
     queue_timeout_seconds: dict[int, float] = Field(default_factory=dict)
     # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
@@ -91,6 +125,9 @@ class Policy(CamelModel):
                 f"spacing must be at least {SPACING_FACTOR}x that ({shown(needed)}) so that tier and affinity "
                 f"never lift a job over a higher band"
             )
+        weights = self.fair_share_weights
+        if self.fair_share == "turns" and (weights.namespaces or weights.members):
+            raise PolicyError("fairShareWeights share GPU time: they need fairShare: usage (members take turns now)")
         for band, seconds in self.queue_timeout_seconds.items():
             if band % self.band_spacing:
                 raise PolicyError(

@@ -34,9 +34,11 @@ class Ranking(Protocol):
     def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None: ...
     def note_served(self, member: str, priority: int, at: float) -> None: ...
     def served(self) -> dict[MemberLevel, float]: ...
-    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None: ...
+    def correct_usage(self, job: Job, start: float, charged: float, used: float) -> None: ...
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None: ...
+    def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None: ...
     def usage(self, now: float) -> dict[MemberLevel, float]: ...
+    def team_usage(self, now: float) -> dict[MemberLevel, float]: ...
     def best(self, resident: str | None, now: float) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
     def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]: ...
@@ -72,6 +74,10 @@ class FairShareRanking:
     or its bonus on the usage clock if that is more: the resident model's job goes ahead of a less-used
     member's job when its member has used at most that much more, so a swap is not paid for a small usage
     lead, and a member who used far less still wins (``docs/policy.md``).
+    Usage is a tree of two levels, as Slurm's Fair Tree: in a band the team (``Job.team``, the namespace)
+    that used the least for its weight goes first, then inside it the member that used the least for its
+    weight (``fairShareWeights``; a weight w divides usage by w, which shifts a usage clock by
+    ``half_life * log2(w)``). A team's share therefore does not grow with its number of members.
     Each band then competes with the job it picked, at that job's own score: the band, tier,
     affinity and aging terms across bands are unchanged.
     """
@@ -83,9 +89,13 @@ class FairShareRanking:
         self._by_usage = policy.fair_share == "usage"
         self.affinity_credit = policy.affinity_bonus * self._divisor  # GPU-seconds, under usage
         self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
-        # Turns: every head by its score. Usage: per band, the heads by usage clock, and each head's score.
+        self._team_ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)  # (team, band)
+        self._team_of: dict[str, str | None] = {}  # member -> the team of its latest job (None: a team of one)
+        self._weights: dict[str, tuple[float, float]] = {}  # member -> (its team's weight, its own)
+        # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
-        self._bands: dict[int, RankedIndex[Job]] = {}
+        self._bands: dict[int, dict[str, RankedIndex[Job]]] = {}
+        self._head_team: dict[QueueKey, str] = {}  # the team index (``_tree_key``) a member queue's head is in
         self._own_key: dict[QueueKey, float] = {}
         self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
         # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
@@ -111,6 +121,9 @@ class FairShareRanking:
 
     def add(self, job: Job, seq: int) -> None:
         level = (job.member, self.policy.band(job.priority))
+        moved = job.member in self._team_of and self._team_of[job.member] != job.team and level in self._oldest
+        self._team_of[job.member] = job.team
+        self._weights[job.member] = self.policy.fair_share_weights.of(job.team, job.member)
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._jobs[job.id] = (job, seq, level, base)
         self._live_seqs.add(seq)
@@ -124,7 +137,7 @@ class FairShareRanking:
         oldest = self._oldest.setdefault(level, [])
         heapq.heappush(oldest, (job.submitted_at, seq, job.id))
         self._live_in_level[level] = self._live_in_level.get(level, 0) + 1
-        if oldest[0][1] == seq:
+        if oldest[0][1] == seq or moved:
             self._refresh_level(level)  # every clock in the level is measured from the oldest job
         elif queue[0][1] == seq:
             self._refresh_head(qkey)
@@ -150,6 +163,8 @@ class FairShareRanking:
         before = self._last_dispatch.get(level)
         if charge:
             self._ledger.charge_run(level, charge, now)
+            if job.team is not None:
+                self._team_ledger.charge_run((job.team, level[1]), charge, now)
         self._served(level, now)
         return before
 
@@ -163,6 +178,8 @@ class FairShareRanking:
                 self._last_dispatch[level] = served_before
         if charge:
             self._ledger.correct_run(level, charge, 0.0, at)
+            if job.team is not None:
+                self._team_ledger.correct_run((job.team, level[1]), charge, 0.0, at)
         self.add(job, seq)
         self._refresh_level(level)
 
@@ -174,10 +191,12 @@ class FairShareRanking:
         """When each (member, band) queue was last served, for the levels whose aging it still affects."""
         return dict(self._last_dispatch)
 
-    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+    def correct_usage(self, job: Job, start: float, charged: float, used: float) -> None:
         """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
-        level = (member, self.policy.band(priority))
+        level = (job.member, self.policy.band(job.priority))
         self._ledger.correct_run(level, charged, used, start)
+        if job.team is not None:
+            self._team_ledger.correct_run((job.team, level[1]), charged, used, start)
         self._usage_changed(level)
 
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
@@ -186,9 +205,17 @@ class FairShareRanking:
         self._ledger.restore(level, seconds, at)
         self._usage_changed(level)
 
+    def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None:
+        """Set a (team, band)'s decayed usage as of ``at``: restores the tree's upper level after a restart."""
+        self._team_ledger.restore((team, self.policy.band(priority)), seconds, at)
+
     def usage(self, now: float) -> dict[MemberLevel, float]:
         """Each (member, band)'s decayed GPU-seconds at ``now``, to persist (both modes keep it)."""
         return self._ledger.snapshot(now)
+
+    def team_usage(self, now: float) -> dict[MemberLevel, float]:
+        """Each (team, band)'s decayed GPU-seconds at ``now``, to persist."""
+        return self._team_ledger.snapshot(now)
 
     def best(self, resident: str | None, now: float) -> Best | None:
         bonus = self.policy.affinity_bonus * self._divisor
@@ -218,7 +245,11 @@ class FairShareRanking:
     def copy(self) -> FairShareRanking:
         clone = FairShareRanking(self.policy, self.name)
         clone._ledger = self._ledger.copy()
-        clone._bands = {band: index.copy() for band, index in self._bands.items()}
+        clone._team_ledger = self._team_ledger.copy()
+        clone._team_of = dict(self._team_of)
+        clone._weights = dict(self._weights)
+        clone._bands = {band: {t: index.copy() for t, index in teams.items()} for band, teams in self._bands.items()}
+        clone._head_team = dict(self._head_team)
         clone._own_key = dict(self._own_key)
         clone._jobs = dict(self._jobs)
         clone._live_seqs = set(self._live_seqs)
@@ -249,34 +280,85 @@ class FairShareRanking:
         """Each band's job by usage (the resident model's if affinity covers the gap), then the best of those
         by their own scores."""
         chosen: Best | None = None
-        for band, index in self._bands.items():
-            top = index.best(None, 0.0)
+        for band, teams in self._bands.items():
+            top = self._band_pick(band, teams, resident, bonus, now)
             if top is None:
                 continue
-            if resident is not None and top[2].model != resident:
-                local = index.best_of(resident)
-                if local is not None and self._resident_first(local, top, band, bonus, now):
-                    top = local
             job = top[2]
             value = self._own_key[(job.member, band, job.model)] + (bonus if job.model == resident else 0.0)
             if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
                 chosen = (value, top[1], job)
         return chosen
 
+    def _band_pick(
+        self, band: int, teams: dict[str, RankedIndex[Job]], resident: str | None, bonus: float, now: float
+    ) -> Best | None:
+        """The band's job under usage: the team that used least for its weight, its member that used least for
+        its weight; or the resident model's best job, when affinity covers what separates it from that one."""
+        top: Best | None = None
+        local: Best | None = None
+        for index in teams.values():
+            head = index.best(None, 0.0)
+            if head is not None and _better(head := self._in_tree(head, band), top):
+                top = head
+            mine = index.best_of(resident) if resident is not None else None
+            if mine is not None and _better(mine := self._in_tree(mine, band), local):
+                local = mine
+        if top is None or local is None or top[2].model == resident:
+            return top
+        return local if self._resident_first(local, top, band, bonus, now) else top
+
+    def _in_tree(self, head: Best, band: int) -> Best:
+        """A team's head ranked among the band's teams: its key with the team's usage clock for its member's."""
+        job = head[2]
+        return head[0] + self._member_start(job, band) - self._team_start(job, band), head[1], job
+
     def _resident_first(self, local: Best, top: Best, band: int, bonus: float, now: float) -> bool:
         """Whether the band's best job for the resident model goes ahead of its best job by usage: its key moves
-        forward by the bonus (as under turns, and always inside one member), or across members by what
-        crediting its member ``affinity_credit`` GPU-seconds of usage moves it, whichever is more."""
-        job, credit = local[2], bonus
+        forward by the bonus (as under turns, and always inside one member), or by what crediting its team
+        (another team's job) or its member (a teammate's) ``affinity_credit`` GPU-seconds moves it, whichever
+        is more."""
+        job, other = local[2], top[2]
+        mine, theirs, credit = local[0], top[0], bonus
+        if job.member != other.member:
+            level = (job.member, band)
+            team = self._team_of[job.member]
+            if team is None or team != self._team_of[other.member]:
+                ledger, key = (self._ledger, level) if team is None else (self._team_ledger, (team, band))
+                weight, start = self._weights[job.member][0], self._team_start
+            else:  # teammates: by their own keys, as inside the team
+                ledger, key, weight = self._ledger, level, self._weights[job.member][1]
+                mine, theirs = self._own_usage_key(job, band), self._own_usage_key(other, band)
+                start = self._member_start
+            clock = ledger.clock(key)
+            if clock is not None:
+                rest = ledger.seconds(key, now) - self.affinity_credit  # real GPU-seconds, whatever the weight
+                credited = None if rest < NEGLIGIBLE else now + ledger.half_life * math.log2(rest / weight)
+                credit = max(bonus, start(job, band) - self._usage_start(job, level, credited))
+        value = mine + credit
+        return value > theirs or (value == theirs and local[1] < top[1])
+
+    def _weighted(self, clock: float | None, weight: float) -> float | None:
+        """A usage clock for usage divided by ``weight``."""
+        return clock if clock is None or weight == 1.0 else clock - self._ledger.half_life * math.log2(weight)
+
+    def _member_clock(self, level: MemberLevel) -> float | None:
+        return self._weighted(self._ledger.clock(level), self._weights[level[0]][1])
+
+    def _member_start(self, job: Job, band: int) -> float:
         level = (job.member, band)
-        clock = self._ledger.clock(level)
-        if job.member != top[2].member and clock is not None:
-            rest = self._ledger.seconds(level, now) - self.affinity_credit
-            credited = None if rest < NEGLIGIBLE else now + self._ledger.half_life * math.log2(rest)
-            moved = self._usage_start(job, level, clock) - self._usage_start(job, level, credited)
-            credit = max(bonus, moved)
-        value = local[0] + credit
-        return value > top[0] or (value == top[0] and local[1] < top[1])
+        return self._usage_start(job, level, self._member_clock(level))
+
+    def _team_start(self, job: Job, band: int) -> float:
+        """The member's queue clock at the tree's upper level: its team's usage for its weight (a member
+        without a team: its own usage for its own weight)."""
+        team = self._team_of[job.member]
+        clock = self._ledger.clock((job.member, band)) if team is None else self._team_ledger.clock((team, band))
+        return self._usage_start(job, (job.member, band), self._weighted(clock, self._weights[job.member][0]))
+
+    def _own_usage_key(self, job: Job, band: int) -> float:
+        base = self._jobs[job.id][3]
+        return base * self._divisor - self._member_start(job, band)
 
     def _served(self, level: MemberLevel, at: float) -> None:
         self._last_dispatch[level] = max(at, self._last_dispatch.get(level, at))
@@ -303,6 +385,16 @@ class FairShareRanking:
         if clock is None:
             return job.submitted_at
         return max(job.submitted_at, clock + job.submitted_at - self._oldest[level][0][0])
+
+    def _unlist(self, qkey: QueueKey) -> None:
+        """Take a member queue's head out of its band's team index (the queue emptied, or changed team)."""
+        band, team = qkey[1], self._head_team.pop(qkey)
+        teams = self._bands[band]
+        teams[team].discard(qkey)
+        if not len(teams[team]):
+            del teams[team]
+            if not teams:
+                del self._bands[band]
 
     def _refresh_level(self, level: MemberLevel) -> None:
         oldest, live = self._oldest[level], self._live_seqs
@@ -333,23 +425,31 @@ class FairShareRanking:
                 self._heads.discard(qkey)
                 return
             del self._own_key[qkey]
-            self._bands[qkey[1]].discard(qkey)
-            if not len(self._bands[qkey[1]]):
-                del self._bands[qkey[1]]
+            self._unlist(qkey)
             return
         job, seq, level, base = self._jobs[queue[0][2]]
         own = base * self._divisor - self._aging_start(job, level)
         if self._by_usage:
             self._own_key[qkey] = own
-            band = self._bands.get(level[1])
-            if band is None:
-                band = self._bands[level[1]] = RankedIndex()
-            start = self._usage_start(job, level, self._ledger.clock(level))
-            band.put(qkey, job.model, base * self._divisor - start, seq, job)
+            team = _tree_key(level[0], self._team_of[level[0]])
+            if self._head_team.get(qkey, team) != team:
+                self._unlist(qkey)  # its member moved to another team
+            self._head_team[qkey] = team
+            index = self._bands.setdefault(level[1], {}).setdefault(team, RankedIndex())
+            index.put(qkey, job.model, base * self._divisor - self._member_start(job, level[1]), seq, job)
         else:
             self._heads.put(qkey, job.model, own, seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
+
+
+def _tree_key(member: str, team: str | None) -> str:
+    """A band's index of teams: a namespace's, or a member's own when it has none (prefixes keep them apart)."""
+    return f"m:{member}" if team is None else f"t:{team}"
+
+
+def _better(a: Best, b: Best | None) -> bool:
+    return b is None or a[0] > b[0] or (a[0] == b[0] and a[1] < b[1])
 
 
 class OrderedRanking:
@@ -401,13 +501,19 @@ class OrderedRanking:
     def served(self) -> dict[MemberLevel, float]:
         return {}
 
-    def correct_usage(self, member: str, priority: int, start: float, charged: float, used: float) -> None:
+    def correct_usage(self, job: Job, start: float, charged: float, used: float) -> None:
         """Baselines keep no usage."""
 
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
         """Baselines keep no usage."""
 
+    def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None:
+        """Baselines keep no usage."""
+
     def usage(self, now: float) -> dict[MemberLevel, float]:
+        return {}
+
+    def team_usage(self, now: float) -> dict[MemberLevel, float]:
         return {}
 
     def best(self, resident: str | None, now: float) -> Best | None:

@@ -15,7 +15,15 @@ from typing import Any, Protocol
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, JobAdopted, LaneUpdated, ModelRemoved, QueueServed, UsageRestored
+from gpulane.core.events import (
+    Event,
+    JobAdopted,
+    LaneUpdated,
+    ModelRemoved,
+    QueueServed,
+    TeamUsageRestored,
+    UsageRestored,
+)
 from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.jobs import JobState, JobTable, JobView
@@ -121,6 +129,8 @@ def replay(ctl: Host, world: World) -> None:
         ctl.apply(QueueServed(member, priority, at))
     for member, priority, seconds, at in usage_entries(world.lanes):
         ctl.apply(UsageRestored(member, priority, seconds, at))
+    for team, priority, seconds, at in usage_entries(world.lanes, "teamUsage", "namespace"):
+        ctl.apply(TeamUsageRestored(team, priority, seconds, at))
     for body in jobs:
         if not _adoptable(body):
             ctl.job_event(None, body)
@@ -184,16 +194,17 @@ def _check_adopted(ctl: Host, lane: str) -> None:
             ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
 
 
-def usage_entries(lanes: list[Body]) -> list[tuple[str, int, float, float]]:
+def usage_entries(lanes: list[Body], field: str = "usage", who: str = "member") -> list[tuple[str, int, float, float]]:
     """Each (member, band)'s decayed GPU usage as the lanes last wrote it (each lane writes them all; the
-    latest entry wins), for fair share by GPU time to go on where it was."""
+    latest entry wins), for fair share by GPU time to go on where it was; each (namespace, band)'s from
+    ``teamUsage``."""
     latest: dict[tuple[str, int], tuple[float, float]] = {}
     for lane in lanes:
-        for entry in (lane.get("status") or {}).get("usage") or []:
+        for entry in (lane.get("status") or {}).get(field) or []:
             at, seconds, band = parse_time(entry.get("at")), entry.get("gpuSeconds"), entry.get("band")
             if at is None or not isinstance(seconds, int | float) or seconds < 0 or not isinstance(band, int):
                 continue  # the schema rules these out; an entry someone wrote by hand is skipped, not fatal
-            key = (str(entry.get("member")), band)
+            key = (str(entry.get(who)), band)
             if key not in latest or at > latest[key][1]:
                 latest[key] = (float(seconds), at)
     return [(member, band, seconds, at) for (member, band), (seconds, at) in latest.items()]

@@ -331,6 +331,10 @@ class StatusWriter:
                     {"member": member, "band": band * spacing, "gpuSeconds": round(seconds, 3), "at": format_time(now)}
                     for (member, band), seconds in sorted(host.dispatcher.usage(now).items())
                 ],
+                "teamUsage": [
+                    {"namespace": team, "band": band * spacing, "gpuSeconds": round(seconds, 3), "at": format_time(now)}
+                    for (team, band), seconds in sorted(host.dispatcher.team_usage(now).items())
+                ],
             }
         )
         status = model.model_dump(mode="json", by_alias=True, exclude_unset=True)

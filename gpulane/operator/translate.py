@@ -109,6 +109,7 @@ def job_from_body(body: Body, policy: Policy | None, seen: float, arrivals: Arri
         priority=priority,
         tier=spec.tier or DEFAULT_TIER,
         member=spec.member or meta["namespace"],
+        team=meta["namespace"],
         submitted_at=submitted,
         expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
         queue_timeout_seconds=None if spec.queue_timeout_seconds is None else float(spec.queue_timeout_seconds),

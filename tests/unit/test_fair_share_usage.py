@@ -339,3 +339,68 @@ def test_bands_beat_tier_affinity_and_usage_together(gap, lo_tier, hi_tier, lo_u
     submit(d, clock, "hi-job", model="cold", priority=-100 + 100 * gap, tier=hi_tier, member="hi")
     clock.now = 60.0
     assert names(d.handle(JobFinished("blocker"))) == ["hi-job"]
+
+
+# -- weights and teams (issue 37) ---------------------------------------------------------------
+
+
+def team_shares(policy: Policy, members: dict[str, str | None], run: float = 120.0, hours: float = 12) -> dict:
+    """Each member's GPU seconds while all are backlogged with equal jobs; ``members`` maps each to its team."""
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=policy)
+    for member, team in members.items():
+        for i in range(int(hours * 3600 / run) + 1):
+            d.handle(JobSubmitted(Job(f"{member}-{i}", "m", -100, "free", member, 0.0, run, None, team)))
+    used = dict.fromkeys(members, 0.0)
+    [running] = d.running.values()
+    while clock.now < hours * 3600:
+        used[running.job.member] += run
+        clock.now += run
+        [decision] = d.handle(JobFinished(running.job.id))
+        running = d.running[decision.job.id]
+    return {member: seconds / sum(used.values()) for member, seconds in used.items()}
+
+
+def test_namespace_weights_share_gpu_time_two_to_one():
+    policy = Policy(loadYield=False, fairShareWeights={"namespaces": {"paid": 2}})
+    shares = team_shares(policy, {"eve": "paid", "fay": "trial"})
+    assert shares["eve"] == pytest.approx(2 / 3, abs=0.03) and shares["fay"] == pytest.approx(1 / 3, abs=0.03)
+
+
+def test_member_weights_share_inside_a_team_and_between_members_without_one():
+    inside = team_shares(Policy(fairShareWeights={"members": {"ann": 3}}), {"ann": "lab", "ben": "lab"})
+    assert inside["ann"] == pytest.approx(0.75, abs=0.03)
+    alone = team_shares(Policy(fairShareWeights={"members": {"ann": 3}}), {"ann": None, "ben": None})
+    assert alone["ann"] == pytest.approx(0.75, abs=0.03)
+
+
+def test_a_team_does_not_gain_by_splitting_into_members():
+    """Three members in one namespace against one in another: half each, not three quarters."""
+    shares = team_shares(USAGE, {"ann": "studio", "ben": "studio", "cai": "studio", "dan": "solo"})
+    assert shares["ann"] + shares["ben"] + shares["cai"] == pytest.approx(0.5, abs=0.03)
+    split = team_shares(USAGE, {"ann": None, "ben": None, "cai": None, "dan": None})  # no teams: a quarter each
+    assert split["dan"] == pytest.approx(0.25, abs=0.03)
+
+
+def test_a_job_cancelled_after_it_ran_is_charged_what_it_ran():
+    """A job charged its expected 600 s at dispatch and cancelled 100 s in counts 100 s, not 600 and not 0."""
+    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=USAGE, models=[ModelSpec("m", run_seconds=600)])
+    d.handle(JobSubmitted(Job("run", "m", 0, "free", "ann", 0.0, team="lab")))
+    assert d.usage(0.0)[("ann", 0)] == pytest.approx(600 * 2 ** (300 / 3600), rel=0.001)  # dated at its middle
+    clock.now = 100
+    d.handle(JobFinished("run"))  # what the operator reports for a deleted running job
+    assert d.usage(100.0)[("ann", 0)] == pytest.approx(100 * 2 ** (-50 / 3600), rel=0.001)
+    assert d.team_usage(100.0)[("lab", 0)] == pytest.approx(100 * 2 ** (-50 / 3600), rel=0.001)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"fairShareWeights": {"namespaces": {"a": 0}}}, r"fairShareWeights.namespaces\['a'\] must be a number above"),
+        ({"fairShareWeights": {"members": {"b": -1}}}, r"fairShareWeights.members\['b'\] must be"),
+        ({"fairShareWeights": {"members": {"b": 1e9}}}, "at most 1000"),
+        ({"fairShare": "turns", "fairShareWeights": {"members": {"b": 2}}}, "need fairShare: usage"),
+    ],
+)
+def test_bad_weights_are_refused_with_a_clear_message(raw, message):
+    with pytest.raises(ValidationError, match=message):
+        Policy.model_validate(raw)

@@ -54,6 +54,7 @@ def test_valid_body_becomes_a_core_job():
         member="alice",
         submitted_at=T0,
         expected_run_seconds=None,
+        team="team-a",  # its namespace: fair share's upper level
     )
 
 

@@ -11,7 +11,7 @@ from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild, usage_entries
 from gpulane.operator.settings import Settings
 
-from .test_operator_controller import SYSTEM, World, no_lane_loops  # noqa: F401 (the autouse fixture)
+from .test_operator_controller import NS, SYSTEM, World, no_lane_loops  # noqa: F401 (the autouse fixture)
 
 
 def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it():
@@ -22,17 +22,19 @@ def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it()
         w.ctl.job_event("MODIFIED", w.executor_finishes("render"))
         await w.reconcile()
         await w.ctl.status.flush()
-        [entry] = w.kube.get("gpulanes/gpu-0")["status"]["usage"]
+        status = w.kube.get("gpulanes/gpu-0")["status"]
+        [entry] = status["usage"]
         assert (entry["member"], entry["band"]) == ("film", 0)
         # 960 GPU-seconds, dated at the run's middle and so decayed by 480 s of a 3600-s half-life.
         assert entry["gpuSeconds"] == pytest.approx(960 * 2 ** (-480 / 3600), rel=0.001)
+        [team] = status["teamUsage"]  # the job's namespace: the upper level of fair share's tree
+        assert (team["namespace"], team["band"], team["gpuSeconds"]) == (NS, 0, entry["gpuSeconds"])
 
         w.clock.now += 3600  # down for one half-life
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
         await rebuild(again)
-        assert again.dispatcher.ranking.usage(w.clock())[("film", 0)] == pytest.approx(
-            entry["gpuSeconds"] / 2, rel=0.001
-        )
+        assert again.dispatcher.usage(w.clock())[("film", 0)] == pytest.approx(entry["gpuSeconds"] / 2, rel=0.001)
+        assert again.dispatcher.team_usage(w.clock())[(NS, 0)] == pytest.approx(team["gpuSeconds"] / 2, rel=0.001)
 
     asyncio.run(scenario())
 

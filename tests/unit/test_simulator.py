@@ -74,6 +74,17 @@ def test_affinity_holds_under_fair_share_by_usage(results):
     assert results[("alternating-models", "fifo")]["overall"]["swaps"] == 119  # every job swaps
 
 
+def test_teams_share_by_weight_not_by_their_number_of_users(results):
+    """Issue 37: a team of three users and a team of one get half each; namespace weights 2:1 give 2/3 and 1/3
+    (within 0.05), each measured while both teams wait. FIFO serves whoever queued first."""
+    bands = results[("weighted-teams", "gpulane")]["bands"]
+    normal, batch = bands["normal"]["contendedShare"], bands["batch"]["contendedShare"]
+    assert normal["ann"] + normal["ben"] + normal["cai"] == pytest.approx(0.5, abs=0.05)
+    assert normal["dan"] == pytest.approx(0.5, abs=0.05)
+    assert batch["eve"] == pytest.approx(2 / 3, abs=0.05) and batch["fay"] == pytest.approx(1 / 3, abs=0.05)
+    assert results[("weighted-teams", "fifo")]["bands"]["batch"]["contendedShare"]["eve"] == 1.0
+
+
 def test_no_starvation_under_saturated_interactive_load(results):
     gpulane = wait(results[("saturated-interactive", "gpulane")], "nightly-render", "max")
     strict = wait(results[("saturated-interactive", "strict")], "nightly-render", "max")

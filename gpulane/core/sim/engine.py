@@ -46,6 +46,7 @@ class JobRecord:
     model: str
     run_seconds: float
     queue_timeout: float | None = None  # how long its caller waits for it to start
+    team: str | None = None
     submitted_at: float | None = None  # the client's first attempt: waits count from here
     admitted_at: float | None = None  # when the dispatcher got it (later after a 429 and a retry)
     rejected: bool = False  # refused with 429 by the llama-swap baseline's admission cap
@@ -116,6 +117,7 @@ def _stream_jobs(stream: Stream, seed: int) -> list[Planned]:
             model=stream.model,
             run_seconds=_draw_run(stream.run_seconds, rng),
             queue_timeout=stream.queue_timeout_seconds,
+            team=stream.team,
         )
         planned.append(Planned(record, at))
 
@@ -153,7 +155,15 @@ def plan_jobs(scenario: Scenario) -> list[Planned]:
             )
     for job in scenario.jobs:
         record = JobRecord(
-            job.name, None, job.member, job.tier, job.priority, job.model, job.run_seconds, job.queue_timeout_seconds
+            job.name,
+            None,
+            job.member,
+            job.tier,
+            job.priority,
+            job.model,
+            job.run_seconds,
+            job.queue_timeout_seconds,
+            job.team,
         )
         planned.append(Planned(record, job.at))
     return planned
@@ -243,7 +253,9 @@ def simulate(
     def admitted(record: JobRecord) -> JobSubmitted:
         record.admitted_at = now[0]
         timeout = record.queue_timeout if enforced else None
-        job = Job(record.name, record.model, record.priority, record.tier, record.member, now[0], None, timeout)
+        job = Job(
+            record.name, record.model, record.priority, record.tier, record.member, now[0], None, timeout, record.team
+        )
         if timeout is not None:
             push(now[0] + timeout, DEADLINE, record.name)
         return JobSubmitted(job)

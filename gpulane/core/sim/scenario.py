@@ -62,6 +62,7 @@ class Stream(CamelModel):
     name: str = Field(min_length=1)
     member: Name | None = None
     members: list[Name] | None = Field(default=None, min_length=1)
+    team: Name | None = None  # its members' team under fair share (the operator: their namespace)
     tier: str = "free"
     priority: Priority = 0
     model: str = Field(min_length=1)
@@ -99,6 +100,7 @@ class OneJob(CamelModel):
     name: str = Field(min_length=1)
     at: Seconds = 0.0
     member: Name = "anonymous"
+    team: Name | None = None
     tier: str = "free"
     priority: Priority = 0
     model: str = Field(min_length=1)
