@@ -37,7 +37,7 @@ from gpulane.core.events import (
     Unloaded,
     UsageRestored,
 )
-from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
+from gpulane.core.jobs import Job, ModelCatalog, ModelSpec, fair_share_member
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.ranking import MemberLevel, Ranking, make_ranking
 from gpulane.core.score import ScoreBreakdown
@@ -321,7 +321,7 @@ class Dispatcher:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.resident, lane.loading_since, lane.idle_since = job.model, None, None
         lane.running[job.id] = Running(job, lane_id, started_at)
-        self.ranking.note_served(job.member, job.priority, started_at)
+        self.ranking.note_served(fair_share_member(job), job.priority, started_at)
 
     def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))

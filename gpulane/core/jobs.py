@@ -23,6 +23,12 @@ class Job:
     team: str | None = None
 
 
+def fair_share_member(job: Job) -> str:
+    """Who fair share counts a job's usage for: its member inside its team (``team/member``; a user's jobs in
+    two namespaces are two members, as in Slurm's associations), or the member alone without a team."""
+    return job.member if job.team is None else f"{job.team}/{job.member}"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     name: str

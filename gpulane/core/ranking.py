@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator
 from typing import Protocol, TypeVar
 
-from gpulane.core.jobs import Job
+from gpulane.core.jobs import Job, fair_share_member
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex
 from gpulane.core.score import ScoreBreakdown
@@ -90,12 +90,11 @@ class FairShareRanking:
         self.affinity_credit = policy.affinity_bonus * self._divisor  # GPU-seconds, under usage
         self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
         self._team_ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)  # (team, band)
-        self._team_of: dict[str, str | None] = {}  # member -> the team of its latest job (None: a team of one)
+        self._team_of: dict[str, str | None] = {}  # fair_share_member -> its team (None: a team of one)
         self._weights: dict[str, tuple[float, float]] = {}  # member -> (its team's weight, its own)
         # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
         self._bands: dict[int, dict[str, RankedIndex[Job]]] = {}
-        self._head_team: dict[QueueKey, str] = {}  # the team index (``_tree_key``) a member queue's head is in
         self._own_key: dict[QueueKey, float] = {}
         self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
         # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
@@ -120,10 +119,9 @@ class FairShareRanking:
         return (entry[0] for entry in self._jobs.values())
 
     def add(self, job: Job, seq: int) -> None:
-        level = (job.member, self.policy.band(job.priority))
-        moved = job.member in self._team_of and self._team_of[job.member] != job.team and level in self._oldest
-        self._team_of[job.member] = job.team
-        self._weights[job.member] = self.policy.fair_share_weights.of(job.team, job.member)
+        level = (who := fair_share_member(job), self.policy.band(job.priority))
+        self._team_of[who] = job.team
+        self._weights[who] = self.policy.fair_share_weights.of(job.team, job.member)
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._jobs[job.id] = (job, seq, level, base)
         self._live_seqs.add(seq)
@@ -137,7 +135,7 @@ class FairShareRanking:
         oldest = self._oldest.setdefault(level, [])
         heapq.heappush(oldest, (job.submitted_at, seq, job.id))
         self._live_in_level[level] = self._live_in_level.get(level, 0) + 1
-        if oldest[0][1] == seq or moved:
+        if oldest[0][1] == seq:
             self._refresh_level(level)  # every clock in the level is measured from the oldest job
         elif queue[0][1] == seq:
             self._refresh_head(qkey)
@@ -170,7 +168,7 @@ class FairShareRanking:
 
     def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None:
         """Undo ``take(job, at, charge)``: the job waits again in its place, its member as if never served."""
-        level = (job.member, self.policy.band(job.priority))
+        level = (fair_share_member(job), self.policy.band(job.priority))
         if self._last_dispatch.get(level, at) == at:  # nobody in the level was served since
             if served_before is None:
                 self._last_dispatch.pop(level, None)
@@ -193,7 +191,7 @@ class FairShareRanking:
 
     def correct_usage(self, job: Job, start: float, charged: float, used: float) -> None:
         """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
-        level = (job.member, self.policy.band(job.priority))
+        level = (fair_share_member(job), self.policy.band(job.priority))
         self._ledger.correct_run(level, charged, used, start)
         if job.team is not None:
             self._team_ledger.correct_run((job.team, level[1]), charged, used, start)
@@ -224,7 +222,7 @@ class FairShareRanking:
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
         # oldest waiting job, right after the member was served; reported as ranked.
-        level = (job.member, self.policy.band(job.priority))
+        level = (fair_share_member(job), self.policy.band(job.priority))
         return ScoreBreakdown(
             priority=job.priority,
             tier=self.policy.bonus_for_tier(job.tier),
@@ -249,7 +247,6 @@ class FairShareRanking:
         clone._team_of = dict(self._team_of)
         clone._weights = dict(self._weights)
         clone._bands = {band: {t: index.copy() for t, index in teams.items()} for band, teams in self._bands.items()}
-        clone._head_team = dict(self._head_team)
         clone._own_key = dict(self._own_key)
         clone._jobs = dict(self._jobs)
         clone._live_seqs = set(self._live_seqs)
@@ -285,7 +282,7 @@ class FairShareRanking:
             if top is None:
                 continue
             job = top[2]
-            value = self._own_key[(job.member, band, job.model)] + (bonus if job.model == resident else 0.0)
+            value = self._own_key[(fair_share_member(job), band, job.model)] + (bonus if job.model == resident else 0.0)
             if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
                 chosen = (value, top[1], job)
         return chosen
@@ -320,14 +317,15 @@ class FairShareRanking:
         is more."""
         job, other = local[2], top[2]
         mine, theirs, credit = local[0], top[0], bonus
-        if job.member != other.member:
-            level = (job.member, band)
-            team = self._team_of[job.member]
-            if team is None or team != self._team_of[other.member]:
+        who = fair_share_member(job)
+        if who != fair_share_member(other):
+            level = (who, band)
+            team = job.team
+            if team is None or team != other.team:
                 ledger, key = (self._ledger, level) if team is None else (self._team_ledger, (team, band))
-                weight, start = self._weights[job.member][0], self._team_start
+                weight, start = self._weights[who][0], self._team_start
             else:  # teammates: by their own keys, as inside the team
-                ledger, key, weight = self._ledger, level, self._weights[job.member][1]
+                ledger, key, weight = self._ledger, level, self._weights[who][1]
                 mine, theirs = self._own_usage_key(job, band), self._own_usage_key(other, band)
                 start = self._member_start
             clock = ledger.clock(key)
@@ -346,15 +344,15 @@ class FairShareRanking:
         return self._weighted(self._ledger.clock(level), self._weights[level[0]][1])
 
     def _member_start(self, job: Job, band: int) -> float:
-        level = (job.member, band)
+        level = (fair_share_member(job), band)
         return self._usage_start(job, level, self._member_clock(level))
 
     def _team_start(self, job: Job, band: int) -> float:
         """The member's queue clock at the tree's upper level: its team's usage for its weight (a member
         without a team: its own usage for its own weight)."""
-        team = self._team_of[job.member]
-        clock = self._ledger.clock((job.member, band)) if team is None else self._team_ledger.clock((team, band))
-        return self._usage_start(job, (job.member, band), self._weighted(clock, self._weights[job.member][0]))
+        level = (fair_share_member(job), band)
+        clock = self._ledger.clock(level) if job.team is None else self._team_ledger.clock((job.team, band))
+        return self._usage_start(job, level, self._weighted(clock, self._weights[level[0]][0]))
 
     def _own_usage_key(self, job: Job, band: int) -> float:
         base = self._jobs[job.id][3]
@@ -387,8 +385,8 @@ class FairShareRanking:
         return max(job.submitted_at, clock + job.submitted_at - self._oldest[level][0][0])
 
     def _unlist(self, qkey: QueueKey) -> None:
-        """Take a member queue's head out of its band's team index (the queue emptied, or changed team)."""
-        band, team = qkey[1], self._head_team.pop(qkey)
+        """Take an emptied member queue's head out of its band's team index."""
+        band, team = qkey[1], _tree_key(qkey[0], self._team_of[qkey[0]])
         teams = self._bands[band]
         teams[team].discard(qkey)
         if not len(teams[team]):
@@ -432,9 +430,6 @@ class FairShareRanking:
         if self._by_usage:
             self._own_key[qkey] = own
             team = _tree_key(level[0], self._team_of[level[0]])
-            if self._head_team.get(qkey, team) != team:
-                self._unlist(qkey)  # its member moved to another team
-            self._head_team[qkey] = team
             index = self._bands.setdefault(level[1], {}).setdefault(team, RankedIndex())
             index.put(qkey, job.model, base * self._divisor - self._member_start(job, level[1]), seq, job)
         else:

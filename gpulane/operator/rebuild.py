@@ -211,7 +211,8 @@ def usage_entries(lanes: list[Body], field: str = "usage", who: str = "member") 
 
 
 def served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, float]]:
-    """When each (member, band) was last served: lanes record it, and dispatched jobs still show it."""
+    """When each (member, band) was last served: lanes record it, and dispatched jobs still show it. A member is
+    fair share's ``namespace/member``."""
     clocks: dict[tuple[str, int], float] = {}
     for lane in lanes:
         for entry in (lane.get("status") or {}).get("lastServed") or []:
@@ -225,6 +226,7 @@ def served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, f
         score = status.get("score") or {}
         if at is None or "priority" not in score:
             continue
-        key = (spec.get("member") or body["metadata"]["namespace"], int(score["priority"]))
+        namespace = body["metadata"]["namespace"]
+        key = (f"{namespace}/{spec.get('member') or namespace}", int(score["priority"]))  # core.jobs.fair_share_member
         clocks[key] = max(at, clocks.get(key, at))
     return [(member, priority, at) for (member, priority), at in clocks.items()]

@@ -385,10 +385,10 @@ def test_a_job_cancelled_after_it_ran_is_charged_what_it_ran():
     """A job charged its expected 600 s at dispatch and cancelled 100 s in counts 100 s, not 600 and not 0."""
     d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=USAGE, models=[ModelSpec("m", run_seconds=600)])
     d.handle(JobSubmitted(Job("run", "m", 0, "free", "ann", 0.0, team="lab")))
-    assert d.usage(0.0)[("ann", 0)] == pytest.approx(600 * 2 ** (300 / 3600), rel=0.001)  # dated at its middle
+    assert d.usage(0.0)[("lab/ann", 0)] == pytest.approx(600 * 2 ** (300 / 3600), rel=0.001)  # dated at its middle
     clock.now = 100
     d.handle(JobFinished("run"))  # what the operator reports for a deleted running job
-    assert d.usage(100.0)[("ann", 0)] == pytest.approx(100 * 2 ** (-50 / 3600), rel=0.001)
+    assert d.usage(100.0)[("lab/ann", 0)] == pytest.approx(100 * 2 ** (-50 / 3600), rel=0.001)
     assert d.team_usage(100.0)[("lab", 0)] == pytest.approx(100 * 2 ** (-50 / 3600), rel=0.001)
 
 

@@ -24,7 +24,7 @@ def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it()
         await w.ctl.status.flush()
         status = w.kube.get("gpulanes/gpu-0")["status"]
         [entry] = status["usage"]
-        assert (entry["member"], entry["band"]) == ("film", 0)
+        assert (entry["member"], entry["band"]) == (f"{NS}/film", 0)  # a member inside its namespace
         # 960 GPU-seconds, dated at the run's middle and so decayed by 480 s of a 3600-s half-life.
         assert entry["gpuSeconds"] == pytest.approx(960 * 2 ** (-480 / 3600), rel=0.001)
         [team] = status["teamUsage"]  # the job's namespace: the upper level of fair share's tree
@@ -33,7 +33,7 @@ def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it()
         w.clock.now += 3600  # down for one half-life
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
         await rebuild(again)
-        assert again.dispatcher.usage(w.clock())[("film", 0)] == pytest.approx(entry["gpuSeconds"] / 2, rel=0.001)
+        assert again.dispatcher.usage(w.clock())[(f"{NS}/film", 0)] == pytest.approx(entry["gpuSeconds"] / 2, rel=0.001)
         assert again.dispatcher.team_usage(w.clock())[(NS, 0)] == pytest.approx(team["gpuSeconds"] / 2, rel=0.001)
 
     asyncio.run(scenario())

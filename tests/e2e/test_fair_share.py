@@ -1,0 +1,83 @@
+"""Fair share between teams on the real apiserver (issue 37): two namespaces backlogged with equal jobs on one
+kwok lane, the GpuPolicy weighting one 2:1; the test acts as the executor, holding each job for the same time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client
+
+from .operator_support import API, GROUP, VERSION, OperatorProcess, World
+from .support import wait_until
+
+pytestmark = pytest.mark.e2e("kwok")
+
+HOLD_SECONDS = 0.5  # each job holds the lane this long, so that GPU time is counted in equal lumps
+JOBS = 9  # per namespace
+
+
+def running(custom: client.CustomObjectsApi, namespaces: list[str]) -> list[tuple[str, str]]:
+    """(namespace, name) of the Running jobs."""
+    out = []
+    for ns in namespaces:
+        for job in custom.list_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs")["items"]:
+            if (job.get("status") or {}).get("phase") == "Running":
+                out.append((ns, job["metadata"]["name"]))
+    return out
+
+
+def test_namespace_weights_share_the_gpu_two_to_one(world: World, operator: OperatorProcess) -> None:
+    paid, trial = world.namespace, world.name("trial")
+    world.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=trial)))
+    policy = {"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"},
+              "spec": {"fairShareWeights": {"namespaces": {paid: 2}}}}  # fmt: skip
+    world.apply(policy)
+    try:
+        generation = world.custom.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default")["metadata"][
+            "generation"
+        ]
+        wait_until(
+            lambda: any(c["type"] == "Accepted" and c["status"] == "True" and c.get("observedGeneration") == generation
+                        for c in world.cluster_status("gpupolicies", "default").get("conditions", [])),
+            what="the weighted policy in effect",
+        )  # fmt: skip
+        world.lane()
+        model = world.model("sdxl")
+        world.job("blocker", model, member="zed")
+        world.wait_phase("blocker", "Running")
+        docs = []
+        for i in range(JOBS):
+            for ns in (paid, trial):
+                doc = world.job_doc(f"job-{i}", model, member="one", priority="batch")
+                doc["metadata"]["namespace"] = ns
+                docs.append(doc)
+        world.apply(*docs)
+        world.complete("blocker")
+        order: list[str] = []
+        deadline = time.monotonic() + 120
+        while len(order) < 2 * JOBS:
+            assert time.monotonic() < deadline, f"only {order} ran"
+            for ns, name in running(world.custom, [paid, trial]):
+                if name == "blocker":
+                    continue
+                key = f"{ns}/{name}"
+                if key not in order:
+                    order.append(key)
+                time.sleep(HOLD_SECONDS)
+                world.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, "gpujobs", name,
+                    [{"op": "test", "path": "/status/phase", "value": "Running"},
+                     {"op": "replace", "path": "/status/phase", "value": "Succeeded"}],
+                    _content_type="application/json-patch+json",
+                )  # fmt: skip
+            time.sleep(0.05)
+        # While both wait (the first 12 dispatches: paid has 9 jobs), paid gets two turns for trial's one.
+        first = order[:12]
+        assert sum(1 for key in first if key.startswith(f"{paid}/")) in (7, 8, 9), order
+        lane_status = world.cluster_status("gpulanes", world.name("lane"))
+        teams = {e["namespace"]: e["gpuSeconds"] for e in lane_status.get("teamUsage", [])}
+        assert set(teams) >= {paid, trial}, lane_status.get("teamUsage")
+    finally:
+        world.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
+        world.cluster.kubectl("delete", "namespace", trial, "--ignore-not-found", "--wait=false")
