@@ -444,9 +444,9 @@ class Dispatcher:
             charges = [r.charge for r in runs if r.charge is not None and r.job.id not in self._yielded]
             if len(charges) < len(runs):
                 continue
-            best = self.ranking.best(None, now)
+            best = self.ranking.best(None, now, self.models.excluded_on(lane.id))
             if best is None:
-                return
+                continue
             _, seq, newcomer = best
             if seq <= max(c.last_arrival for c in charges):
                 continue
@@ -476,8 +476,12 @@ class Dispatcher:
                 continue
             if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
                 continue
-            best = self.ranking.best(lane.resident, now)
+            excluded = self.models.excluded_on(lane.id)
+            resident = None if lane.resident in excluded else lane.resident
+            best = self.ranking.best(resident, now, excluded)
             if best is None:
+                if excluded:
+                    continue  # nothing this lane may serve waits; another lane's models may
                 return None
             value, seq, job = best
             if lane.running and job.model != lane.resident:

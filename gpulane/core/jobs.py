@@ -37,6 +37,8 @@ class ModelSpec:
     run_seconds: float = 60.0
     # A lane idle this long with the model loaded gives it up (llama-swap's ttl); None keeps it loaded.
     ttl_seconds: float | None = None
+    # The only lanes that may serve it (its GpuModel's laneSelector); None: any lane.
+    lanes: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
@@ -58,6 +60,7 @@ class ModelCatalog:
     def __init__(self, specs: Iterable[ModelSpec] = (), default: ModelSpec | None = None) -> None:
         self._specs = {s.name: s for s in specs}
         self._default = default or ModelSpec("*")
+        self._pinned = {s.name: s.lanes for s in self._specs.values() if s.lanes is not None}
 
     def get(self, name: str) -> ModelSpec:
         spec = self._specs.get(name)
@@ -65,6 +68,14 @@ class ModelCatalog:
 
     def update(self, spec: ModelSpec) -> None:
         self._specs[spec.name] = spec
+        if spec.lanes is None:
+            self._pinned.pop(spec.name, None)
+        else:
+            self._pinned[spec.name] = spec.lanes
+
+    def excluded_on(self, lane: str) -> frozenset[str]:
+        """The models that ``lane`` may not serve: those pinned to other lanes."""
+        return frozenset(name for name, lanes in self._pinned.items() if lane not in lanes)
 
     def concurrency(self, name: str | None) -> int:
         return 1 if name is None else self.get(name).max_concurrency

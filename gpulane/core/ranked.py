@@ -46,8 +46,13 @@ class RankedIndex(Generic[T]):
     def discard(self, item: Hashable) -> None:
         self._live.pop(item, None)
 
-    def best(self, model: str | None, bonus: float) -> tuple[float, int, T] | None:
-        """The best (value, seq, payload), where items of ``model`` get ``bonus`` added."""
+    def best(
+        self, model: str | None, bonus: float, excluded: frozenset[str] = frozenset()
+    ) -> tuple[float, int, T] | None:
+        """The best (value, seq, payload), where items of ``model`` get ``bonus`` added; items of the ``excluded``
+        models are left out (a lane they are pinned away from: one peek per model then)."""
+        if excluded:
+            return self._best_allowed(model, bonus, excluded)
         top = self._peek(self._all)
         if top is None:
             return None
@@ -60,6 +65,17 @@ class RankedIndex(Generic[T]):
                 if local_value > value or (local_value == value and local[1] < seq):
                     value, seq, payload = local_value, local[1], local[5]
         return value, seq, payload
+
+    def _best_allowed(self, model: str | None, bonus: float, excluded: frozenset[str]) -> tuple[float, int, T] | None:
+        chosen: tuple[float, int, T] | None = None
+        for name, heap in self._by_model.items():
+            top = self._peek(heap) if name not in excluded else None
+            if top is None:
+                continue
+            value = -top[0] + (bonus if name == model else 0.0)
+            if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
+                chosen = (value, top[1], top[5])
+        return chosen
 
     def best_of(self, model: str) -> tuple[float, int, T] | None:
         """The best (value, seq, payload) among the items of ``model``."""

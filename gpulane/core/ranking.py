@@ -39,7 +39,7 @@ class Ranking(Protocol):
     def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None: ...
     def usage(self, now: float) -> dict[MemberLevel, float]: ...
     def team_usage(self, now: float) -> dict[MemberLevel, float]: ...
-    def best(self, resident: str | None, now: float) -> Best | None: ...
+    def best(self, resident: str | None, now: float, excluded: frozenset[str] = frozenset()) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
     def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]: ...
     def copy(self) -> Ranking: ...
@@ -215,9 +215,12 @@ class FairShareRanking:
         """Each (team, band)'s decayed GPU-seconds at ``now``, to persist."""
         return self._team_ledger.snapshot(now)
 
-    def best(self, resident: str | None, now: float) -> Best | None:
+    def best(self, resident: str | None, now: float, excluded: frozenset[str] = frozenset()) -> Best | None:
+        """The best waiting job for a lane holding ``resident``, leaving out the ``excluded`` models."""
         bonus = self.policy.affinity_bonus * self._divisor
-        return self._best_by_usage(resident, bonus, now) if self._by_usage else self._heads.best(resident, bonus)
+        if self._by_usage:
+            return self._best_by_usage(resident, bonus, now, excluded)
+        return self._heads.best(resident, bonus, excluded)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
@@ -273,12 +276,12 @@ class FairShareRanking:
         if self._by_usage and level in self._oldest:
             self._refresh_level(level)
 
-    def _best_by_usage(self, resident: str | None, bonus: float, now: float) -> Best | None:
+    def _best_by_usage(self, resident: str | None, bonus: float, now: float, excluded: frozenset[str]) -> Best | None:
         """Each band's job by usage (the resident model's if affinity covers the gap), then the best of those
         by their own scores."""
         chosen: Best | None = None
         for band, teams in self._bands.items():
-            top = self._band_pick(band, teams, resident, bonus, now)
+            top = self._band_pick(band, teams, resident, bonus, now, excluded)
             if top is None:
                 continue
             job = top[2]
@@ -288,17 +291,23 @@ class FairShareRanking:
         return chosen
 
     def _band_pick(
-        self, band: int, teams: dict[str, RankedIndex[Job]], resident: str | None, bonus: float, now: float
+        self,
+        band: int,
+        teams: dict[str, RankedIndex[Job]],
+        resident: str | None,
+        bonus: float,
+        now: float,
+        excluded: frozenset[str],
     ) -> Best | None:
         """The band's job under usage: the team that used least for its weight, its member that used least for
         its weight; or the resident model's best job, when affinity covers what separates it from that one."""
         top: Best | None = None
         local: Best | None = None
         for index in teams.values():
-            head = index.best(None, 0.0)
+            head = index.best(None, 0.0, excluded)
             if head is not None and _better(head := self._in_tree(head, band), top):
                 top = head
-            mine = index.best_of(resident) if resident is not None else None
+            mine = index.best_of(resident) if resident is not None and resident not in excluded else None
             if mine is not None and _better(mine := self._in_tree(mine, band), local):
                 local = mine
         if top is None or local is None or top[2].model == resident:
@@ -511,8 +520,8 @@ class OrderedRanking:
     def team_usage(self, now: float) -> dict[MemberLevel, float]:
         return {}
 
-    def best(self, resident: str | None, now: float) -> Best | None:
-        return self._index.best(resident, self._bonus)
+    def best(self, resident: str | None, now: float, excluded: frozenset[str] = frozenset()) -> Best | None:
+        return self._index.best(resident, self._bonus, excluded)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         scored_affinity = 0 < self._bonus < math.inf and job.model == resident
