@@ -17,6 +17,7 @@ from gpulane.api.pod_templates import IMAGE_MESSAGE, IMAGE_RULE, PodTemplate
 from gpulane.api.retention import MAX_TTL_SECONDS, Retention
 from gpulane.api.routes import PLAIN_PATH, UPSTREAM, UPSTREAM_PATH, JobMethod, fixed_routes, job_route, routed_for_jobs
 from gpulane.api.run_limits import MAX_RUN_SECONDS, RunLimits
+from gpulane.api.selectors import LabelSelector
 from gpulane.core.policy import CamelModel, Policy
 from gpulane.core.validation import describe
 
@@ -311,6 +312,8 @@ class GpuModelSpec(CamelModel):
     filters: ModelFilters | None = None
     # The server answers with a ticket and works on (ComfyUI): `ticket: {}` for ComfyUI's protocol.
     ticket: Ticket | None = None
+    # Only the GpuLanes whose labels match may serve it (docs/policy.md#lanes-for-models); unset: any lane.
+    lane_selector: LabelSelector | None = None
 
     @model_validator(mode="after")
     def _an_image(self) -> GpuModelSpec:
@@ -325,6 +328,7 @@ class GpuModelStatus(CamelModel):
     run_seconds: float | None = None
     loads: int | None = None
     runs: int | None = None
+    lanes: list[str] | None = None  # the GpuLanes its laneSelector matches now (only with a laneSelector)
     conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None
 

@@ -344,6 +344,7 @@ class Controller:
         name = meta["name"]
         runner = self.lanes.get(name)
         if kind == "DELETED":
+            models.lanes_changed(self, name, None)
             if runner is not None:
                 self.backend_failed(name, "LaneRemoved", f"GpuLane {name} was deleted")
                 self.apply(LaneUpdated(name, online=False))
@@ -356,6 +357,7 @@ class Controller:
         except ValidationError as err:
             log.error("GpuLane %s is invalid: %s", name, describe(err, "spec"))
             return
+        models.lanes_changed(self, name, dict(meta.get("labels") or {}))
         if runner is not None:
             runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
             backends.check_node(self, runner)  # the lane may name another node now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import condition, merge_condition, model_spec, policy_refusal
+from gpulane.operator.translate import condition, merge_condition, model_spec, pinned_lanes, policy_refusal
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,24 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
     _serve(host, name, spec, body)
 
 
+def lanes_changed(host: Host, lane: str, labels: dict[str, str] | None) -> None:
+    """A GpuLane appeared, was relabelled (``labels``) or went (None): the models with a laneSelector serve
+    the lanes that match now."""
+    observed = host.observed
+    if labels is None:
+        observed.lane_labels.pop(lane, None)
+    elif observed.lane_labels.get(lane) != labels:
+        observed.lane_labels[lane] = labels
+    else:
+        return
+    for name, spec in observed.models.items():
+        lanes = pinned_lanes(spec, observed.lane_labels)
+        core = host.dispatcher.model(name)
+        if lanes != core.lanes:
+            host.apply(ModelUpdated(replace(core, lanes=lanes)))
+            host.status.model_dirty(name)
+
+
 def _accepted_before(body: Body, generation: int | None) -> bool:
     conditions = (body.get("status") or {}).get("conditions") or []
     return any(
@@ -113,7 +132,7 @@ def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
     if observed.model_generations.get(name) != body["metadata"].get("generation"):
         observed.model_generations[name] = body["metadata"].get("generation")
         host.status.model_dirty(name)
-    host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.model(name))))
+    host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.model(name), observed.lane_labels)))
     for view in host.jobs.unpark(name):
         refusal = policy_refusal(host.dispatcher.policy, view.job.priority, view.job.tier)
         if refusal is not None:  # the policy changed while it waited for its model

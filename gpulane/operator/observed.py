@@ -26,6 +26,7 @@ class Observed:
     accepted: dict[str, int | None] = field(default_factory=dict)
     refused_models: dict[str, str] = field(default_factory=dict)
     pods: dict[str, PodState] = field(default_factory=dict)  # lane -> its backend pod as last seen
+    lane_labels: dict[str, dict[str, str]] = field(default_factory=dict)  # GpuLane -> its labels (laneSelector)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     leases: dict[tuple[str, str], float] = field(default_factory=dict)  # executor Lease -> when it expires
     unload_seen: float = 0.0  # the renewTime of the last /unload Lease acted on, or found at the start

@@ -351,5 +351,7 @@ class StatusWriter:
             }
             if name in observed.model_conditions:
                 fields["conditions"] = observed.model_conditions[name]
+            lanes = self.host.dispatcher.model(name).lanes
+            fields["lanes"] = None if lanes is None else sorted(lanes)  # null removes a selector's old list
             status = GpuModelStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
             await self.host.kube.patch_cluster_status("gpumodels", name, {"status": status})

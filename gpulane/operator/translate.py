@@ -129,8 +129,11 @@ def policy_refusal(policy: Policy, priority: int, tier: str) -> Refusal | None:
     return None
 
 
-def model_spec(name: str, spec: GpuModelSpec, status: Body | None, fallback: ModelSpec) -> ModelSpec:
-    """The core's view of a GpuModel: learned times from its status, else the spec's estimates."""
+def model_spec(
+    name: str, spec: GpuModelSpec, status: Body | None, fallback: ModelSpec, lane_labels: dict[str, dict[str, str]]
+) -> ModelSpec:
+    """The core's view of a GpuModel: learned times from its status, else the spec's estimates; the lanes its
+    laneSelector matches."""
     status = status or {}
     load = status.get("loadSeconds", spec.expected_load_seconds)
     run = status.get("runSeconds", spec.expected_run_seconds)
@@ -140,7 +143,16 @@ def model_spec(name: str, spec: GpuModelSpec, status: Body | None, fallback: Mod
         load_seconds=float(load) if load is not None else fallback.load_seconds,
         run_seconds=float(run) if run is not None else fallback.run_seconds,
         ttl_seconds=float(spec.ttl_seconds) if spec.ttl_seconds is not None else None,
+        lanes=pinned_lanes(spec, lane_labels),
     )
+
+
+def pinned_lanes(spec: GpuModelSpec, lane_labels: dict[str, dict[str, str]]) -> frozenset[str] | None:
+    """The lanes a model's laneSelector matches, or None when it has none (any lane may serve it)."""
+    selector = spec.lane_selector
+    if selector is None:
+        return None
+    return frozenset(lane for lane, labels in lane_labels.items() if selector.matches(labels))
 
 
 def band_label(priority: int, policy: Policy) -> str:

@@ -344,47 +344,47 @@ def gpu_model(**fields) -> GpuModelSpec:
 
 
 def test_model_spec_uses_the_fallback_times_without_estimates_or_status():
-    spec = model_spec("m", gpu_model(), None, FALLBACK)
+    spec = model_spec("m", gpu_model(), None, FALLBACK, {})
     assert spec == ModelSpec("m", max_concurrency=1, load_seconds=111.0, run_seconds=222.0)
 
 
 def test_model_spec_expected_times_beat_the_fallback():
-    spec = model_spec("m", gpu_model(expectedLoadSeconds=30, expectedRunSeconds=12), {}, FALLBACK)
+    spec = model_spec("m", gpu_model(expectedLoadSeconds=30, expectedRunSeconds=12), {}, FALLBACK, {})
     assert spec.load_seconds == 30.0
     assert spec.run_seconds == 12.0
 
 
 def test_model_spec_learned_times_beat_the_expected_ones():
     status = {"loadSeconds": 41.5, "runSeconds": 7.25, "loads": 3, "runs": 10}
-    spec = model_spec("m", gpu_model(expectedLoadSeconds=30, expectedRunSeconds=12), status, FALLBACK)
+    spec = model_spec("m", gpu_model(expectedLoadSeconds=30, expectedRunSeconds=12), status, FALLBACK, {})
     assert spec.load_seconds == 41.5
     assert spec.run_seconds == 7.25
 
 
 def test_model_spec_precedence_is_per_field():
-    spec = model_spec("m", gpu_model(expectedRunSeconds=12), {"loadSeconds": 41.5}, FALLBACK)
+    spec = model_spec("m", gpu_model(expectedRunSeconds=12), {"loadSeconds": 41.5}, FALLBACK, {})
     assert spec.load_seconds == 41.5  # learned
     assert spec.run_seconds == 12.0  # expected
 
 
 def test_model_spec_learned_zero_is_a_value_not_missing():
-    spec = model_spec("m", gpu_model(expectedLoadSeconds=30), {"loadSeconds": 0}, FALLBACK)
+    spec = model_spec("m", gpu_model(expectedLoadSeconds=30), {"loadSeconds": 0}, FALLBACK, {})
     assert spec.load_seconds == 0.0
 
 
 def test_model_spec_expected_zero_beats_the_fallback():
-    spec = model_spec("m", gpu_model(expectedRunSeconds=0), None, FALLBACK)
+    spec = model_spec("m", gpu_model(expectedRunSeconds=0), None, FALLBACK, {})
     assert spec.run_seconds == 0.0
 
 
 def test_model_spec_carries_name_and_max_concurrency():
-    spec = model_spec("llama", gpu_model(maxConcurrency=8), None, FALLBACK)
+    spec = model_spec("llama", gpu_model(maxConcurrency=8), None, FALLBACK, {})
     assert spec.name == "llama"
     assert spec.max_concurrency == 8
 
 
 def test_model_spec_times_are_floats():
-    spec = model_spec("m", gpu_model(expectedLoadSeconds=30), {"runSeconds": 5}, FALLBACK)
+    spec = model_spec("m", gpu_model(expectedLoadSeconds=30), {"runSeconds": 5}, FALLBACK, {})
     assert isinstance(spec.load_seconds, float)
     assert isinstance(spec.run_seconds, float)
 
@@ -501,3 +501,29 @@ def test_score_fields_with_a_negative_total_keeps_integer_terms():
     assert fields["total"] == -99.32
     assert fields["priority"] == -100
     assert set(fields) == {"priority", "tier", "affinity", "aging", "total"}
+
+
+def test_model_spec_pins_the_lanes_its_selector_matches():
+    labels = {"gpu-0": {"gpu": "a100"}, "gpu-1": {"gpu": "l4"}, "gpu-2": {"gpu": "a100", "pool": "research"}}
+    pinned = gpu_model(laneSelector={"matchLabels": {"gpu": "a100"}})
+    assert model_spec("m", pinned, None, FALLBACK, labels).lanes == {"gpu-0", "gpu-2"}
+    research = gpu_model(
+        laneSelector={"matchExpressions": [{"key": "pool", "operator": "NotIn", "values": ["research"]}]}
+    )
+    assert model_spec("m", research, None, FALLBACK, labels).lanes == {"gpu-0", "gpu-1"}
+    assert model_spec("m", gpu_model(), None, FALLBACK, labels).lanes is None  # no selector: any lane
+    nothing = gpu_model(laneSelector={"matchLabels": {"gpu": "h100"}})
+    assert model_spec("m", nothing, None, FALLBACK, labels).lanes == frozenset()  # its jobs wait
+
+
+@pytest.mark.parametrize(
+    ("selector", "message"),
+    [
+        ({"matchExpressions": [{"key": "gpu", "operator": "In"}]}, "In needs values"),
+        ({"matchExpressions": [{"key": "gpu", "operator": "Exists", "values": ["x"]}]}, "Exists takes no values"),
+        ({"matchExpressions": [{"key": "gpu", "operator": "Near", "values": ["x"]}]}, "operator"),
+    ],
+)
+def test_a_bad_lane_selector_is_refused(selector, message):
+    with pytest.raises(ValidationError, match=message):
+        gpu_model(laneSelector=selector)
