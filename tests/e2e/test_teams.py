@@ -1,5 +1,6 @@
-"""Fair share between teams on the real apiserver (issue 37): two namespaces backlogged with equal jobs on one
-kwok lane, the GpuPolicy weighting one 2:1; the test acts as the executor, holding each job for the same time."""
+"""Teams sharing GPUs on the real apiserver (issue 37): two namespaces backlogged with equal jobs on one kwok
+lane, the GpuPolicy weighting one 2:1 (the test acts as the executor, holding each job for the same time); a
+model pinned to lanes by its laneSelector."""
 
 from __future__ import annotations
 
@@ -81,3 +82,22 @@ def test_namespace_weights_share_the_gpu_two_to_one(world: World, operator: Oper
     finally:
         world.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
         world.cluster.kubectl("delete", "namespace", trial, "--ignore-not-found", "--wait=false")
+
+
+def test_a_model_pinned_by_its_lane_selector_never_runs_elsewhere(world: World, operator: OperatorProcess) -> None:
+    l4, a100 = world.lane("l4"), world.lane("a100")
+    world.cluster.kubectl("label", f"gpulanes/{l4}", "gpu=l4")
+    world.cluster.kubectl("label", f"gpulanes/{a100}", "gpu=a100")
+    big = world.model("big", laneSelector={"matchLabels": {"gpu": "a100"}})
+    small = world.model("small")
+    wait_until(lambda: world.cluster_status("gpumodels", big).get("lanes") == [a100], what="big pinned to a100")
+    world.job("big-1", big)
+    assert world.wait_phase("big-1", "Running")["lane"] == a100
+    world.job("big-2", big)  # the l4 lane is idle, and may not serve it
+    world.job("small-1", small, priority="batch")
+    assert world.wait_phase("small-1", "Running")["lane"] == l4  # the idle lane takes what it may serve
+    assert world.status("big-2")["phase"] == "Pending" and world.status("big-2")["position"] == 1
+    world.complete("big-1")
+    assert world.wait_phase("big-2", "Running")["lane"] == a100
+    world.complete("big-2")
+    world.complete("small-1")
