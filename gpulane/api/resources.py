@@ -312,7 +312,7 @@ class GpuModelSpec(CamelModel):
     filters: ModelFilters | None = None
     # The server answers with a ticket and works on (ComfyUI): `ticket: {}` for ComfyUI's protocol.
     ticket: Ticket | None = None
-    # Only the GpuLanes whose labels match may serve it (docs/policy.md#lanes-for-models); unset: any lane.
+    # Only the GpuLanes whose labels match may serve it (docs/models.md, laneSelector); unset: any lane.
     lane_selector: LabelSelector | None = None
 
     @model_validator(mode="after")

@@ -231,6 +231,7 @@ class Controller:
         runner = self.lanes.get(lane or "")
         if runner is not None:
             self.metrics.lane_busy.labels(runner.name).set(len(self.jobs.on_lane(runner.name, JobState.RUNNING)))
+        self.metrics.held(view.job, (now := self.clock()) - (view.dispatched_at or now), self.dispatcher.usage(now))
         self.apply(JobFinished(view.key, run_seconds), woke_at=time.monotonic())
         if run_seconds is not None:
             self._learn(view.model, "run")

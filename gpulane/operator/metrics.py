@@ -1,4 +1,4 @@
-"""Prometheus metrics, fed from the core's decisions. The band is the only label that grows with jobs.
+"""Prometheus metrics, fed from the core's decisions. Labels are bands, lanes, namespaces and the top members.
 
 Queue depth and oldest wait are computed when scraped (a collector reads the controller's state),
 so keeping them right costs nothing per event.
@@ -6,6 +6,7 @@ so keeping them right costs nothing per event.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -14,6 +15,8 @@ from prometheus_client.registry import Collector
 
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch
+from gpulane.core.jobs import Job, fair_share_member
+from gpulane.core.ranking import MemberLevel
 from gpulane.operator.translate import band_label
 
 # Waits run from seconds (interactive) to hours (a film's shots).
@@ -48,6 +51,18 @@ class _QueueCollector(Collector):
             oldest.add_metric([band], wait)
         yield depth
         yield oldest
+
+
+TOP_MEMBERS = 20  # members with a gpulane_gpu_seconds_total series of their own
+
+
+def chargeable(job: Job, usage: dict[MemberLevel, float]) -> str:
+    """The member label of a job's GPU seconds: its member if among the top ``TOP_MEMBERS`` by usage, else other."""
+    totals: dict[str, float] = {}
+    for (who, _band), seconds in usage.items():
+        totals[who] = totals.get(who, 0.0) + seconds
+    top = heapq.nlargest(TOP_MEMBERS, totals, key=totals.__getitem__)
+    return job.member if fair_share_member(job) in top else "other"
 
 
 class Metrics:
@@ -93,11 +108,41 @@ class Metrics:
         self.job_failures = Counter(
             "gpulane_job_failures_total", "Jobs failed by gpulane, per reason", ["reason"], registry=r
         )
+        # Per team (namespace): what chargeback and a team's dashboard read. Members are the top ones by usage,
+        # the rest summed as "other", so that a namespace of thousands of bridge users stays a few series.
+        self.gpu_seconds = Counter(
+            "gpulane_gpu_seconds_total",
+            "GPU seconds held by ended jobs (their load included), per namespace and member (the top members by "
+            "fair-share usage, then other); it only grows, unlike the decayed usage fair share ranks by",
+            ["namespace", "member"],
+            registry=r,
+        )
+        self.namespace_dispatches = Counter(
+            "gpulane_namespace_dispatches_total", "Jobs dispatched, per band and namespace", ["band", "namespace"],
+            registry=r,
+        )  # fmt: skip
+        self.namespace_wait = Counter(
+            "gpulane_namespace_wait_seconds_total",
+            "Submission to dispatch, summed per band and namespace (divide by the dispatches for the mean)",
+            ["band", "namespace"],
+            registry=r,
+        )
+        self.lane_ready = Gauge(
+            "gpulane_lane_ready", "1 while the lane's backend serves its model", ["lane"], registry=r
+        )
 
     def dispatched(self, decision: Dispatch, band: str) -> None:
+        waited = max(0.0, decision.at - decision.job.submitted_at)
         self.dispatches.labels(band).inc()
-        self.wait.labels(band).observe(max(0.0, decision.at - decision.job.submitted_at))
+        self.wait.labels(band).observe(waited)
+        namespace = decision.job.team or ""
+        self.namespace_dispatches.labels(band, namespace).inc()
+        self.namespace_wait.labels(band, namespace).inc(waited)
         for term in decision.changed_by:
             self.order_changes.labels(term).inc()
         if decision.replaces is not None:
             self.swaps.inc()
+
+    def held(self, job: Job, seconds: float, usage: dict[MemberLevel, float]) -> None:
+        """A job ended after holding its lane ``seconds``: its namespace and member are charged them."""
+        self.gpu_seconds.labels(job.team or "", chargeable(job, usage)).inc(max(0.0, seconds))

@@ -34,6 +34,7 @@ from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import JobWrites, job_status
 from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.metrics import Metrics
 from gpulane.operator.observed import Observed
 from gpulane.operator.settings import Settings
 from gpulane.operator.translate import band_label, condition, merge_condition, score_fields
@@ -103,6 +104,7 @@ class StatusHost(Protocol):
     history: DispatchHistory
     lanes: dict[str, LaneRunner]
     writes: JobWrites
+    metrics: Metrics  # lane readiness, set where the lane's Ready condition is
 
 
 class StatusWriter:
@@ -313,6 +315,7 @@ class StatusWriter:
         else:
             why, message = "Loading", f"loading {core.resident}"
         runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, host.clock()))
+        host.metrics.lane_ready.labels(name).set(1 if ready else 0)
         model = GpuLaneStatus.model_validate(
             {
                 "residentModel": core.resident if core else None,
