@@ -714,11 +714,21 @@ def test_two_bridge_replicas_by_default_with_a_disruption_budget(cluster: Cluste
 def test_observability_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
     bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
     plain = rendered(cluster, *bridge, "--set", "networkPolicy.enabled=false")
-    assert not {k for k in plain if k[0] in ("ServiceMonitor", "NetworkPolicy")}
+    assert not {k for k in plain if k[0] in ("ServiceMonitor", "NetworkPolicy", "PrometheusRule")}
     assert ("ConfigMap", "r-gpulane-dashboard") not in plain
     made = rendered(cluster, *bridge, "--set", "metrics.serviceMonitor.enabled=true", "--set",
                     "metrics.dashboard.enabled=true", "--set-json",
                     'networkPolicy.bridgeClientNamespaces=["apps"]', "--set", "tests.apiKey=sk-test")  # fmt: skip
+    alerting = ("metrics.prometheusRule.enabled=true", "metrics.prometheusRule.interactiveWaitSeconds=120",
+                "metrics.prometheusRule.labels.release=p")  # fmt: skip
+    rules = rendered(cluster, *(arg for value in alerting for arg in ("--set", value)))
+    rule = rules["PrometheusRule", "r-gpulane"]
+    assert rule["metadata"]["labels"]["release"] == "p"
+    alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {"GpulaneInteractiveWaitTooLong", "GpulaneLaneNotReady", "GpulaneNoLeader",
+                           "GpulaneJobsFailing", "GpulaneWebhookUnreachable"}  # fmt: skip
+    assert alerts["GpulaneInteractiveWaitTooLong"]["expr"].endswith("> 120")
+    assert "{{ $labels.lane }}" in alerts["GpulaneLaneNotReady"]["annotations"]["summary"]  # for Alertmanager
     monitor = made["ServiceMonitor", "r-gpulane"]["spec"]
     assert {e["port"] for e in monitor["endpoints"]} == {"http-metrics", "http"}
     dashboard = made["ConfigMap", "r-gpulane-dashboard"]
