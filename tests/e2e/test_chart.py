@@ -449,6 +449,19 @@ def test_the_chart_installs_gpulane_on_the_real_node(
                 == "no"
             )
             assert can_i(cluster, bridge_sa, "create", "configmaps", "-n", elsewhere) == "no"
+        # People (issue 37): whoever may edit a namespace may submit jobs and chains there, through the built-in
+        # edit role the chart's job editor aggregates into; a viewer may read them; neither may touch models.
+        for person, role in (("dev", "edit"), ("auditor", "view")):
+            cluster.kubectl("create", "rolebinding", f"{person}-{role}", f"--clusterrole={role}", f"--user={person}",
+                            "-n", namespace)  # fmt: skip
+        wait_until(lambda: can_i(cluster, "dev", "create", "gpujobs.gpulane.io", "-n", namespace) == "yes",
+                   what="the job editor aggregated into edit")  # fmt: skip
+        assert can_i(cluster, "dev", "delete", "gpuchains.gpulane.io", "-n", namespace) == "yes"
+        assert can_i(cluster, "dev", "create", "gpujobs.gpulane.io", "-n", "default") == "no"
+        assert can_i(cluster, "dev", "patch", "gpumodels.gpulane.io") == "no"
+        wait_until(lambda: can_i(cluster, "auditor", "list", "gpujobs.gpulane.io", "-n", namespace) == "yes",
+                   what="the job viewer aggregated into view")  # fmt: skip
+        assert can_i(cluster, "auditor", "create", "gpujobs.gpulane.io", "-n", namespace) == "no"
         # ... and nothing the components did was refused for lack of permission.
         for component in ("operator", "webhook", "bridge"):
             log = cluster.kubectl("logs", "-n", namespace, f"deployment/{fullname}-{component}").stdout
