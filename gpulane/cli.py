@@ -34,6 +34,8 @@ COMMANDS = {
                "a job's answer: from its ConfigMap, or streamed from the bridge's results volume"),
     "lanes": ("gpulane.explain.main", "lanes_arguments", "run_lanes",
               "each GPU: resident model, running jobs, queue depth, swaps and use"),
+    "usage": ("gpulane.explain.main", "usage_arguments", "run_usage",
+              "each namespace's and member's GPU time over a window, weight and fair-share usage"),
     "fake-backend": ("gpulane.fakes.backend", "add_arguments", "run",
                      "an OpenAI-compatible fake model server (tests, demo)"),
     "webhook": ("gpulane.admission.main", "add_arguments", "run",

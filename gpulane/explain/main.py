@@ -14,8 +14,9 @@ from kubernetes.client.exceptions import ApiException
 from gpulane.api.chains import CHAIN_LABEL
 from gpulane.api.contract import Body
 from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
-from gpulane.core.policy import Policy
-from gpulane.explain import report
+from gpulane.core.durations import parse_duration
+from gpulane.core.policy import FairShareWeights, Policy
+from gpulane.explain import report, usage
 
 
 def _kubeconfig(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,12 @@ def why_arguments(w: argparse.ArgumentParser) -> None:
 def lanes_arguments(lanes: argparse.ArgumentParser) -> None:
     lanes.add_argument("-o", "--output", choices=("table", "json"), default="table")
     _kubeconfig(lanes)
+
+
+def usage_arguments(u: argparse.ArgumentParser) -> None:
+    u.add_argument("--window", default="24h", help="how far back to count GPU time (90s, 4m, 1h30m; default 24h)")
+    u.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    _kubeconfig(u)
 
 
 def chains_arguments(c: argparse.ArgumentParser) -> None:
@@ -100,6 +107,22 @@ def run_lanes(args: argparse.Namespace) -> int:
     api = load(args)
     rows = report.lanes(_items(api, "gpulanes"), _items(api, "gpujobs"), time.time())
     print(json.dumps(rows, indent=1) if args.output == "json" else report.render_lanes(rows))
+    return 0
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    try:
+        window = parse_duration(args.window)
+    except ValueError as err:
+        raise SystemExit(f"error: --window: {err}") from None
+    api = load(args)
+    try:
+        spec = api.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default").get("spec") or {}  # type: ignore[attr-defined]
+        weights = GpuPolicySpec.model_validate(spec).fair_share_weights
+    except ApiException:
+        weights = FairShareWeights()
+    rows = usage.usage(_items(api, "gpujobs"), _items(api, "gpulanes"), weights, time.time(), window)
+    print(json.dumps(rows, indent=1) if args.output == "json" else usage.render_usage(rows, window))
     return 0
 
 
