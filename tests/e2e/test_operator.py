@@ -340,6 +340,9 @@ def test_every_metric_of_the_grafana_dashboard_is_exported(world: World, operato
         for name in re.findall(r"gpulane_[a-z_]+", target["expr"])
     }
     assert len(used) >= 10
+    # The chart's alerts (metrics.prometheusRule) too.
+    rules = (REPO / "charts" / "gpulane" / "templates" / "observability.yaml").read_text()
+    used |= set(re.findall(r"gpulane_[a-z_]+", rules.split("kind: PrometheusRule", 1)[1]))
 
     # A dispatch and a load, so that every histogram and labelled counter has a sample.
     def loads() -> float:
