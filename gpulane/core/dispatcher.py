@@ -25,6 +25,7 @@ from gpulane.core.events import (
     JobCancelled,
     JobFinished,
     JobSubmitted,
+    LaneReserved,
     LaneUpdated,
     LoadLost,
     ModelLoaded,
@@ -76,6 +77,7 @@ class Lane:
     loading_since: float | None = None  # when the resident model's load began, until it is ready
     evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
     idle_since: float | None = None  # when its last job ended, its model still loaded (for the model's ttl)
+    owners: frozenset[str] | None = None  # the teams it is reserved for: theirs first, others borrow it
 
     @property
     def ready(self) -> bool:
@@ -163,6 +165,8 @@ class Dispatcher:
                 self.ranking.restore_team_usage(team, priority, seconds, at)
             case LaneUpdated(lane_id, online, resident):
                 self._update_lane(lane_id, online, resident)
+            case LaneReserved(lane_id, owners):
+                self.lanes.setdefault(lane_id, Lane(lane_id)).owners = owners
             case LoadLost(lane_id):
                 self._lose_load(lane_id)
             case ModelLoaded(lane_id, model, load_seconds):
@@ -478,7 +482,9 @@ class Dispatcher:
                 continue
             excluded = self.models.excluded_on(lane.id)
             resident = None if lane.resident in excluded else lane.resident
-            best = self.ranking.best(resident, now, excluded)
+            best = None if lane.owners is None else self.ranking.best(resident, now, excluded, lane.owners)
+            if best is None:  # not reserved, or lent: none of its owners' jobs waits
+                best = self.ranking.best(resident, now, excluded)
             if best is None:
                 if excluded:
                     continue  # nothing this lane may serve waits; another lane's models may
@@ -520,7 +526,7 @@ class Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
         clone.lanes = {
-            k: Lane(v.id, v.online, v.resident, dict(v.running), v.loading_since, v.evicting, v.idle_since)
+            k: Lane(v.id, v.online, v.resident, dict(v.running), v.loading_since, v.evicting, v.idle_since, v.owners)
             for k, v in self.lanes.items()
         }
         clone._seq = self._seq

@@ -83,6 +83,15 @@ class LaneUpdated:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneReserved:
+    """A lane is reserved for some teams (``Job.team``: namespaces), or for nobody (None). Their jobs go first on
+    it; others borrow it while none of theirs waits, and are never preempted when one arrives."""
+
+    lane: str
+    owners: frozenset[str] | None
+
+
+@dataclass(frozen=True, slots=True)
 class LoadLost:
     """The pod a lane was loading its model in is gone (deleted, evicted, crashed) before it was ready.
 
@@ -130,6 +139,7 @@ Event = (
     | UsageRestored
     | TeamUsageRestored
     | LaneUpdated
+    | LaneReserved
     | LoadLost
     | ModelLoaded
     | ModelUpdated

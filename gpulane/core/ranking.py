@@ -39,7 +39,13 @@ class Ranking(Protocol):
     def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None: ...
     def usage(self, now: float) -> dict[MemberLevel, float]: ...
     def team_usage(self, now: float) -> dict[MemberLevel, float]: ...
-    def best(self, resident: str | None, now: float, excluded: frozenset[str] = frozenset()) -> Best | None: ...
+    def best(
+        self,
+        resident: str | None,
+        now: float,
+        excluded: frozenset[str] = frozenset(),
+        teams: frozenset[str] | None = None,
+    ) -> Best | None: ...
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
     def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]: ...
     def copy(self) -> Ranking: ...
@@ -107,6 +113,7 @@ class FairShareRanking:
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
         self._heads_no_aging: RankedIndex[Job] = RankedIndex()
+        self._team_heads: dict[str, RankedIndex[Job]] = {}  # turns: the heads again by team (reserved lanes)
         self._no_fair_share: RankedIndex[Job] = RankedIndex()
 
     def __len__(self) -> int:
@@ -215,12 +222,27 @@ class FairShareRanking:
         """Each (team, band)'s decayed GPU-seconds at ``now``, to persist."""
         return self._team_ledger.snapshot(now)
 
-    def best(self, resident: str | None, now: float, excluded: frozenset[str] = frozenset()) -> Best | None:
-        """The best waiting job for a lane holding ``resident``, leaving out the ``excluded`` models."""
+    def best(
+        self,
+        resident: str | None,
+        now: float,
+        excluded: frozenset[str] = frozenset(),
+        teams: frozenset[str] | None = None,
+    ) -> Best | None:
+        """The best waiting job for a lane holding ``resident``, leaving out the ``excluded`` models; only of
+        ``teams`` if given (a reserved lane's owners)."""
         bonus = self.policy.affinity_bonus * self._divisor
+        only = None if teams is None else {_tree_key("", team) for team in teams}
         if self._by_usage:
-            return self._best_by_usage(resident, bonus, now, excluded)
-        return self._heads.best(resident, bonus, excluded)
+            return self._best_by_usage(resident, bonus, now, excluded, only)
+        if only is None:
+            return self._heads.best(resident, bonus, excluded)
+        chosen: Best | None = None
+        for key in only & self._team_heads.keys():
+            top = self._team_heads[key].best(resident, bonus, excluded)
+            if top is not None and _better(top, chosen):
+                chosen = top
+        return chosen
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
@@ -260,6 +282,7 @@ class FairShareRanking:
         clone._models = {k: set(v) for k, v in self._models.items()}
         clone._last_dispatch = dict(self._last_dispatch)
         clone._heads = self._heads.copy()
+        clone._team_heads = {key: index.copy() for key, index in self._team_heads.items()}
         clone._heads_no_aging = self._heads_no_aging.copy()
         clone._no_fair_share = self._no_fair_share.copy()
         return clone
@@ -276,11 +299,15 @@ class FairShareRanking:
         if self._by_usage and level in self._oldest:
             self._refresh_level(level)
 
-    def _best_by_usage(self, resident: str | None, bonus: float, now: float, excluded: frozenset[str]) -> Best | None:
+    def _best_by_usage(
+        self, resident: str | None, bonus: float, now: float, excluded: frozenset[str], only: set[str] | None
+    ) -> Best | None:
         """Each band's job by usage (the resident model's if affinity covers the gap), then the best of those
         by their own scores."""
         chosen: Best | None = None
         for band, teams in self._bands.items():
+            if only is not None:
+                teams = {key: index for key, index in teams.items() if key in only}
             top = self._band_pick(band, teams, resident, bonus, now, excluded)
             if top is None:
                 continue
@@ -430,6 +457,10 @@ class FairShareRanking:
             self._heads_no_aging.discard(qkey)
             if not self._by_usage:
                 self._heads.discard(qkey)
+                team = _tree_key(qkey[0], self._team_of[qkey[0]])
+                self._team_heads[team].discard(qkey)
+                if not len(self._team_heads[team]):
+                    del self._team_heads[team]
                 return
             del self._own_key[qkey]
             self._unlist(qkey)
@@ -443,6 +474,8 @@ class FairShareRanking:
             index.put(qkey, job.model, base * self._divisor - self._member_start(job, level[1]), seq, job)
         else:
             self._heads.put(qkey, job.model, own, seq, job)
+            team = _tree_key(level[0], self._team_of[level[0]])
+            self._team_heads.setdefault(team, RankedIndex()).put(qkey, job.model, own, seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
 
@@ -520,7 +553,14 @@ class OrderedRanking:
     def team_usage(self, now: float) -> dict[MemberLevel, float]:
         return {}
 
-    def best(self, resident: str | None, now: float, excluded: frozenset[str] = frozenset()) -> Best | None:
+    def best(
+        self,
+        resident: str | None,
+        now: float,
+        excluded: frozenset[str] = frozenset(),
+        teams: frozenset[str] | None = None,
+    ) -> Best | None:
+        """Baselines know no teams: a reserved lane's owners are not told apart (no scenario reserves lanes)."""
         return self._index.best(resident, self._bonus, excluded)
 
     def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
