@@ -336,6 +336,12 @@ class GpuModelStatus(CamelModel):
 # -- GpuLane ------------------------------------------------------------------------------------
 
 
+class ReservedFor(CamelModel):
+    """Who a lane is kept for: their jobs go first on it; others borrow it while none of theirs waits."""
+
+    namespaces: list[str] = Field(min_length=1, max_length=64)
+
+
 class GpuLaneSpec(CamelModel):
     node_name: str | None = Field(default=None, min_length=1, max_length=253)
     node_selector: dict[str, str] | None = None
@@ -345,6 +351,8 @@ class GpuLaneSpec(CamelModel):
     # The container runtime of its node's GPUs (nvidia on k3s and the GPU Operator): every backend pod of the
     # lane runs with it, unless the model's template names its own.
     runtime_class_name: str | None = Field(default=None, min_length=1, max_length=253)
+    # Kept for these namespaces' jobs (docs/policy.md, reserved lanes); unset: every job is alike here.
+    reserved_for: ReservedFor | None = None
 
 
 class ServedClock(CamelModel):

@@ -92,6 +92,7 @@ class LaneState:
     online: bool
     resident: str | None
     ready: bool
+    owners: frozenset[str] | None  # the namespaces it is reserved for
 
 
 class DispatchError(ValueError):
@@ -165,8 +166,8 @@ class Dispatcher:
                 self.ranking.restore_team_usage(team, priority, seconds, at)
             case LaneUpdated(lane_id, online, resident):
                 self._update_lane(lane_id, online, resident)
-            case LaneReserved(lane_id, owners):
-                self.lanes.setdefault(lane_id, Lane(lane_id)).owners = owners
+            case LaneReserved(lane_id, owners):  # a lane first seen here is offline until LaneUpdated says
+                self.lanes.setdefault(lane_id, Lane(lane_id, online=False)).owners = owners
             case LoadLost(lane_id):
                 self._lose_load(lane_id)
             case ModelLoaded(lane_id, model, load_seconds):
@@ -241,7 +242,7 @@ class Dispatcher:
 
     def lane_state(self, lane_id: str) -> LaneState | None:
         lane = self.lanes.get(lane_id)
-        return None if lane is None else LaneState(lane.id, lane.online, lane.resident, lane.ready)
+        return None if lane is None else LaneState(lane.id, lane.online, lane.resident, lane.ready, lane.owners)
 
     def pending(self) -> Iterator[Job]:
         """The waiting jobs, in arrival order."""

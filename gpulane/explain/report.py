@@ -277,6 +277,7 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
             lines.append(
                 f"Its score now: {format_score(ScoreBreakdown(s['priority'], s['tier'], s['affinity'], s['aging']))}."
             )
+        lines += _lent(meta["namespace"], lane_objs)
         return lines
     lines.append(
         f"It was dispatched at {clock(dispatched)} to lane {status.get('lane')} after {duration(dispatched - queued)}."
@@ -289,6 +290,22 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
     if phase in ("Succeeded", "Failed", "Cancelled"):
         reason = f" ({status.get('reason')}: {status.get('message')})" if status.get("reason") else ""
         lines.append(f"It ended {phase} at {clock(parse_time(status.get('finishedAt')))}{reason}.")
+    return lines
+
+
+def _lent(namespace: str, lane_objs: list[Body]) -> list[str]:
+    """For a waiting job: the lanes reserved for its namespace that another namespace's job borrows now. No job
+    is preempted, so the lane is its namespace's again once those jobs end."""
+    lines = []
+    for lane in lane_objs:
+        owners = ((lane.get("spec") or {}).get("reservedFor") or {}).get("namespaces") or []
+        borrowers = [j for j in (lane.get("status") or {}).get("running") or [] if j.split("/", 1)[0] != namespace]
+        if namespace in owners and borrowers:
+            lines.append(
+                f"Lane {lane['metadata']['name']} is reserved for namespace {namespace}, and lent while it had nothing "
+                f"waiting: {', '.join(borrowers)} runs there and is not preempted; its namespace's jobs go first once "
+                "it ends (at most its maxRunSeconds)."
+            )
     return lines
 
 

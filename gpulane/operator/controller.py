@@ -34,7 +34,7 @@ from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
-from gpulane.operator import backends, effects, models, policies, resync
+from gpulane.operator import backends, effects, lane_rules, models, policies, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
@@ -345,7 +345,7 @@ class Controller:
         name = meta["name"]
         runner = self.lanes.get(name)
         if kind == "DELETED":
-            models.lanes_changed(self, name, None)
+            lane_rules.lane_changed(self, name, None, None)
             if runner is not None:
                 self.backend_failed(name, "LaneRemoved", f"GpuLane {name} was deleted")
                 self.apply(LaneUpdated(name, online=False))
@@ -358,7 +358,7 @@ class Controller:
         except ValidationError as err:
             log.error("GpuLane %s is invalid: %s", name, describe(err, "spec"))
             return
-        models.lanes_changed(self, name, dict(meta.get("labels") or {}))
+        lane_rules.lane_changed(self, name, dict(meta.get("labels") or {}), spec)
         if runner is not None:
             runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
             backends.check_node(self, runner)  # the lane may name another node now

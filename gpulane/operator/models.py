@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -21,7 +20,7 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import condition, merge_condition, model_spec, pinned_lanes, policy_refusal
+from gpulane.operator.translate import condition, merge_condition, model_spec, policy_refusal
 
 log = logging.getLogger(__name__)
 
@@ -95,24 +94,6 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
     elif observed.checking.get(name) == generation:
         return  # a status write of ours while the new spec is checked
     _serve(host, name, spec, body)
-
-
-def lanes_changed(host: Host, lane: str, labels: dict[str, str] | None) -> None:
-    """A GpuLane appeared, was relabelled (``labels``) or went (None): the models with a laneSelector serve
-    the lanes that match now."""
-    observed = host.observed
-    if labels is None:
-        observed.lane_labels.pop(lane, None)
-    elif observed.lane_labels.get(lane) != labels:
-        observed.lane_labels[lane] = labels
-    else:
-        return
-    for name, spec in observed.models.items():
-        lanes = pinned_lanes(spec, observed.lane_labels)
-        core = host.dispatcher.model(name)
-        if lanes != core.lanes:
-            host.apply(ModelUpdated(replace(core, lanes=lanes)))
-            host.status.model_dirty(name)
 
 
 def _accepted_before(body: Body, generation: int | None) -> bool:

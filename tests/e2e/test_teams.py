@@ -4,13 +4,15 @@ model pinned to lanes by its laneSelector."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
 
 import pytest
 from kubernetes import client
 
 from .operator_support import API, GROUP, VERSION, OperatorProcess, World
-from .support import wait_until
+from .support import REPO, Cluster, wait_until
 
 pytestmark = pytest.mark.e2e("kwok")
 
@@ -101,3 +103,46 @@ def test_a_model_pinned_by_its_lane_selector_never_runs_elsewhere(world: World, 
     assert world.wait_phase("big-2", "Running")["lane"] == a100
     world.complete("big-2")
     world.complete("small-1")
+
+
+def test_a_reserved_lane_lends_itself_and_takes_its_owners_job_next(
+    cluster: Cluster, world: World, operator: OperatorProcess
+) -> None:
+    owners, apps = world.namespace, world.name("apps")
+    world.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=apps)))
+    try:
+        lane, model = world.lane(), world.model("m")
+        world.cluster.kubectl("patch", f"gpulanes/{lane}", "--type", "merge", "-p",
+                              json.dumps({"spec": {"reservedFor": {"namespaces": [owners]}}}))  # fmt: skip
+
+        def in_apps(name: str, priority: str) -> None:
+            doc = world.job_doc(name, model, priority=priority)
+            doc["metadata"]["namespace"] = apps
+            world.apply(doc)
+
+        def phase(ns: str, name: str) -> str | None:
+            body = world.custom.get_namespaced_custom_object(GROUP, VERSION, ns, "gpujobs", name)
+            return (body.get("status") or {}).get("phase")
+
+        in_apps("borrower-1", "batch")  # nothing of the owners waits: the lane is lent
+        wait_until(lambda: phase(apps, "borrower-1") == "Running", what="the borrower on the reserved lane")
+        in_apps("borrower-2", "interactive")
+        world.job("owner", model, priority="batch")
+        world.wait_phase("owner", "Pending")
+        assert phase(apps, "borrower-2") == "Pending"  # no preemption: both wait for borrower-1
+        story = subprocess.run(  # the waiting owner is told why, and what it waits for
+            [str(REPO / ".venv" / "bin" / "gpulane"), "why", "owner", "-n", owners], env={**cluster.env(),
+             "KUBECONFIG": str(cluster.kubeconfig)}, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout  # fmt: skip
+        assert f"Lane {lane} is reserved for namespace {owners}" in story and f"{apps}/borrower-1" in story
+        world.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, apps, "gpujobs", "borrower-1",
+            [{"op": "replace", "path": "/status/phase", "value": "Succeeded"}],
+            _content_type="application/json-patch+json",
+        )  # fmt: skip
+        assert world.wait_phase("owner", "Running")["lane"] == lane  # the owner first, despite the lower band
+        assert phase(apps, "borrower-2") == "Pending"
+        world.complete("owner")
+        wait_until(lambda: phase(apps, "borrower-2") == "Running", what="the lane lent again")
+    finally:
+        world.cluster.kubectl("delete", "namespace", apps, "--ignore-not-found", "--wait=false")

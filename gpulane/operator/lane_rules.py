@@ -1,0 +1,48 @@
+"""What a GpuLane's labels and ``reservedFor`` mean for scheduling: the models whose ``laneSelector`` matches the
+lane may run there, and the namespaces it is reserved for go first on it (others borrow it meanwhile)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+from gpulane.api.resources import GpuLaneSpec
+from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Event, LaneReserved, ModelUpdated
+from gpulane.operator.observed import Observed
+from gpulane.operator.status import StatusWriter
+from gpulane.operator.translate import pinned_lanes
+
+
+class Host(Protocol):
+    dispatcher: Dispatcher
+    observed: Observed
+    status: StatusWriter
+
+    def apply(self, event: Event, woke_at: float | None = None) -> None: ...
+
+
+def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> None:
+    """A GpuLane appeared or changed (its ``labels`` and ``spec``), or went (both None)."""
+    owners = None if spec is None or spec.reserved_for is None else frozenset(spec.reserved_for.namespaces)
+    core = host.dispatcher.lane_state(lane)
+    if spec is not None and (core is None or core.owners != owners):
+        host.apply(LaneReserved(lane, owners))
+    _repin(host, lane, labels)
+
+
+def _repin(host: Host, lane: str, labels: dict[str, str] | None) -> None:
+    """The models with a laneSelector serve the lanes that match now."""
+    observed = host.observed
+    if labels is None:
+        observed.lane_labels.pop(lane, None)
+    elif observed.lane_labels.get(lane) != labels:
+        observed.lane_labels[lane] = labels
+    else:
+        return
+    for name, spec in observed.models.items():
+        lanes = pinned_lanes(spec, observed.lane_labels)
+        core = host.dispatcher.model(name)
+        if lanes != core.lanes:
+            host.apply(ModelUpdated(replace(core, lanes=lanes)))
+            host.status.model_dirty(name)
