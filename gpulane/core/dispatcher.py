@@ -290,7 +290,7 @@ class Dispatcher:
         self._set_deadline(job)
 
     def _set_deadline(self, job: Job) -> None:
-        timeout = self.policy.queue_timeout(job.priority, job.queue_timeout_seconds)
+        timeout = self.policy.queue_timeout(job.priority, job.queue_timeout_seconds, job.team, job.member)
         if timeout is not None:
             entry = (job.submitted_at + timeout, self._seq)
             self._deadlines[job.id] = entry

@@ -87,6 +87,9 @@ class Policy(CamelModel):
     fair_share_weights: FairShareWeights = Field(default_factory=FairShareWeights)
     # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
     queue_timeout_seconds: dict[int, float] = Field(default_factory=dict)
+    # The same per namespace (``Job.team``) and per member, over the band's: {team-a: {100: 300}}.
+    namespace_queue_timeout_seconds: dict[str, dict[int, float]] = Field(default_factory=dict)
+    member_queue_timeout_seconds: dict[str, dict[int, float]] = Field(default_factory=dict)
     # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
     load_yield: bool = False
 
@@ -128,22 +131,45 @@ class Policy(CamelModel):
         weights = self.fair_share_weights
         if self.fair_share == "turns" and (weights.namespaces or weights.members):
             raise PolicyError("fairShareWeights share GPU time: they need fairShare: usage (members take turns now)")
-        for band, seconds in self.queue_timeout_seconds.items():
+        self._check_timeouts("queueTimeoutSeconds", self.queue_timeout_seconds)
+        for field, by_name in (
+            ("namespaceQueueTimeoutSeconds", self.namespace_queue_timeout_seconds),
+            ("memberQueueTimeoutSeconds", self.member_queue_timeout_seconds),
+        ):
+            for name, timeouts in by_name.items():
+                self._check_timeouts(f"{field}[{name[:63]!r}]", timeouts)
+        return self
+
+    def _check_timeouts(self, field: str, timeouts: dict[int, float]) -> None:
+        for band, seconds in timeouts.items():
             if band % self.band_spacing:
                 raise PolicyError(
-                    f"queueTimeoutSeconds key {shown(band)} is not a band: use the band's priority, a multiple of "
+                    f"{field} key {shown(band)} is not a band: use the band's priority, a multiple of "
                     f"bandSpacing {shown(self.band_spacing)} (e.g. 100 for interactive)"
                 )
             if not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
                 raise PolicyError(
-                    f"queueTimeoutSeconds for band {shown(band)} must be more than 0 seconds and at most 10 years, "
-                    f"got {seconds}"
+                    f"{field} for band {shown(band)} must be more than 0 seconds and at most 10 years, got {seconds}"
                 )
-        return self
 
-    def queue_timeout(self, priority: int, own: float | None) -> float | None:
-        """The job's own timeout or its band's default, whichever is smaller (as llm-d's flow control)."""
-        default = self.queue_timeout_seconds.get(self.band(priority) * self.band_spacing)
+    def queue_timeout(
+        self, priority: int, own: float | None, team: str | None = None, member: str | None = None
+    ) -> float | None:
+        """The job's own timeout or its default, whichever is smaller (as llm-d's flow control). The default is
+        its member's for its band, else its namespace's (``team``), else the band's."""
+        band = self.band(priority) * self.band_spacing
+        default = next(
+            (
+                timeouts[band]
+                for timeouts in (
+                    self.member_queue_timeout_seconds.get(member or "", {}),
+                    self.namespace_queue_timeout_seconds.get(team or "", {}),
+                    self.queue_timeout_seconds,
+                )
+                if band in timeouts
+            ),
+            None,
+        )
         if own is None or default is None:
             return default if own is None else own
         return min(own, default)

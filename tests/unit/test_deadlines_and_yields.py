@@ -263,3 +263,38 @@ def test_a_lost_backend_whose_jobs_had_started_requeues_nothing():
     assert d.handle(LoadLost("gpu-0")) == []
     assert d.running["shot"].started_at == 0 and d.lanes["gpu-0"].resident is None
     assert d.handle(LoadLost("gpu-unknown")) == []
+
+
+def test_a_namespace_and_a_member_have_queue_timeouts_of_their_own_over_the_bands():
+    """Issue 37: the member's timeout for the band, else its namespace's, else the band's; the job's own if
+    smaller."""
+    policy = Policy(
+        queueTimeoutSeconds={0: 3600},
+        namespaceQueueTimeoutSeconds={"interactive-team": {0: 120}},
+        memberQueueTimeoutSeconds={"impatient": {0: 30}},
+    )
+    assert policy.queue_timeout(0, None, "interactive-team", "impatient") == 30
+    assert policy.queue_timeout(0, None, "interactive-team", "ann") == 120
+    assert policy.queue_timeout(0, 60, "interactive-team", "ann") == 60  # its own, smaller
+    assert policy.queue_timeout(0, None, "other", "ann") == 3600
+    assert policy.queue_timeout(100, None, "interactive-team", "impatient") is None  # no timeout for that band
+    d, clock = dispatcher(models=MODELS, policy=policy)
+    busy(d, clock)
+    d.handle(JobSubmitted(Job("team-job", "sdxl", 0, "free", "ann", 0.0, team="interactive-team")))
+    d.handle(JobSubmitted(Job("other-job", "sdxl", 0, "free", "bob", 0.0, team="other")))
+    assert d.next_deadline() == 120
+    clock.now = 120
+    [expired] = d.decide()
+    assert isinstance(expired, Expired) and expired.job.id == "team-job"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"namespaceQueueTimeoutSeconds": {"a": {50: 10}}}, r"namespaceQueueTimeoutSeconds\['a'\] key 50 is not"),
+        ({"memberQueueTimeoutSeconds": {"b": {0: 0}}}, r"memberQueueTimeoutSeconds\['b'\] for band 0 must be more"),
+    ],
+)
+def test_bad_namespace_and_member_timeouts_are_refused(raw, message):
+    with pytest.raises(ValidationError, match=message):
+        Policy.model_validate(raw)

@@ -199,9 +199,14 @@ Observer = Callable[[Dispatcher, float, list[str]], None]
 def dispatcher_policy(scenario: Scenario, policy_name: str, *, deadlines: bool = True) -> Policy:
     """The scenario's policy as ``policy_name`` runs it: baselines neither expire jobs nor yield loads."""
     policy = scenario.policy
+    no_timeouts: dict[str, object] = {
+        "queue_timeout_seconds": {},
+        "namespace_queue_timeout_seconds": {},
+        "member_queue_timeout_seconds": {},
+    }
     if policy_name not in GPULANE:
-        return policy.model_copy(update={"load_yield": False, "queue_timeout_seconds": {}})
-    return policy if deadlines else policy.model_copy(update={"queue_timeout_seconds": {}})
+        return policy.model_copy(update={"load_yield": False, **no_timeouts})
+    return policy if deadlines else policy.model_copy(update=no_timeouts)
 
 
 def simulate(
@@ -234,7 +239,10 @@ def simulate(
         if p.at is not None:
             push(p.at, SUBMIT, p.record.name)
         # The caller's patience: the job's own timeout or its band's default, the smaller.
-        p.record.queue_timeout = scenario.policy.queue_timeout(p.record.priority, p.record.queue_timeout)
+        record = p.record
+        record.queue_timeout = scenario.policy.queue_timeout(
+            record.priority, record.queue_timeout, record.team, record.member
+        )
 
     lanes = [f"gpu-{i}" for i in range(scenario.lanes)]
     ready_at = dict.fromkeys(lanes, 0.0)
