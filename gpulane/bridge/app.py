@@ -28,7 +28,7 @@ from gpulane.api import routes
 from gpulane.api.resources import Ticket
 from gpulane.bridge.calls import Call, CallError, kind_of, max_run_seconds, queue_timeout, read_call, sent_headers
 from gpulane.bridge.catalog import ServedModel, outgoing
-from gpulane.bridge.jobs import JobQueue, JobState, Submission
+from gpulane.bridge.job_queue import JobProgress, JobQueue, Submission
 from gpulane.bridge.keys import Denied, Identity, KeyRing
 from gpulane.bridge.tickets import TicketError, issues_ticket, settle
 from gpulane.core.chains import QUEUE_FULL
@@ -277,7 +277,7 @@ class Bridge:
         headers["X-Gpulane-Job"] = name
         outcome = Outcome()
         try:
-            state: JobState | None = None
+            state: JobProgress | None = None
             async for state in self.queue.follow(name):
                 if state.phase == "Running" or state.ended:
                     break
@@ -350,7 +350,7 @@ class Bridge:
         outcome.written = True
         await asyncio.shield(self.queue.finish(name, ok, message))
 
-    async def _proxy(self, request: web.Request, call: Call, out: Outgoing, name: str, state: JobState,
+    async def _proxy(self, request: web.Request, call: Call, out: Outgoing, name: str, state: JobProgress,
                      headers: dict[str, str], response: web.StreamResponse | None,
                      outcome: Outcome) -> web.StreamResponse:  # fmt: skip
         base = self.settings.endpoints.get(out.model) or state.endpoint
@@ -429,7 +429,7 @@ def _json(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload).encode()
 
 
-def _queued_comment(state: JobState) -> bytes:
+def _queued_comment(state: JobProgress) -> bytes:
     parts = ["queued"]
     if state.position is not None:
         parts.append(f"position {state.position}")

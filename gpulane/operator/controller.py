@@ -37,8 +37,8 @@ from gpulane.kube.client import Kube
 from gpulane.operator import backends, effects, lane_rules, models, policies, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
+from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
-from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics, queue_snapshot
 from gpulane.operator.models import learn

@@ -5,7 +5,7 @@ with the job), or when it runs with no executor named at all. The tick checks ev
 from __future__ import annotations
 
 from gpulane.api.contract import EXECUTOR_LEASE
-from gpulane.operator.jobs import JobState, JobView
+from gpulane.operator.job_table import JobState, JobView
 from gpulane.operator.observed import Observed
 
 

@@ -24,8 +24,8 @@ from gpulane.api.times import format_duration
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch, Effect, Expired, Requeued, Unloaded
 from gpulane.operator.history import DispatchHistory, shown_in
+from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.job_writes import JobWrites
-from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.status import StatusWriter

@@ -20,7 +20,7 @@ from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.explain import describe_dispatch
 from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.history import DispatchHistory, shown_in
-from gpulane.operator.jobs import JobView
+from gpulane.operator.job_table import JobView
 from gpulane.operator.translate import Refusal, condition, merge_condition, score_fields
 
 log = logging.getLogger(__name__)

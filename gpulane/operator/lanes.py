@@ -21,7 +21,7 @@ from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.resources import API_VERSION, GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.kube.client import Conflict, Gone, Kube, refusal_message
-from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
 

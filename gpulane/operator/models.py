@@ -15,7 +15,7 @@ from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobCancelled, JobSubmitted, ModelRemoved, ModelUpdated
 from gpulane.core.validation import describe
 from gpulane.kube.client import Kube
-from gpulane.operator.jobs import JobTable, JobView
+from gpulane.operator.job_table import JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod

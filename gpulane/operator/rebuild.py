@@ -26,7 +26,7 @@ from gpulane.core.events import (
 )
 from gpulane.kube.client import Gone, Kube, backoff, why
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.translate import Refusal, job_from_body, job_key

@@ -31,8 +31,8 @@ from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.forecast import forecasting
 from gpulane.kube.client import Conflict, Gone, Kube
 from gpulane.operator.history import DispatchHistory
+from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.job_writes import JobWrites, job_status
-from gpulane.operator.jobs import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.observed import Observed

@@ -17,7 +17,7 @@ from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import FIRST_PAUSE, LONGEST_PAUSE, Waiting, create_patiently, transient
-from gpulane.bridge.jobs import JobState, KubeJobQueue, Submission
+from gpulane.bridge.job_queue import JobProgress, KubeJobQueue, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 from gpulane.kube.client import Conflict
 
@@ -169,7 +169,7 @@ class OutageQueue:
         raise CallError(503, "the cluster cannot take the job now: HTTP 500 no endpoints", kind="server_error",
                         retry_after=1)  # fmt: skip
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
         raise AssertionError("a job never created is never followed")
         yield  # pragma: no cover
 

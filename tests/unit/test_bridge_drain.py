@@ -14,7 +14,7 @@ from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import Waiting
 from gpulane.bridge.executor import ManifestExecutor
-from gpulane.bridge.jobs import JobState, Submission
+from gpulane.bridge.job_queue import JobProgress, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
 from .helpers import until
@@ -38,10 +38,10 @@ class HeldQueue:
         self.submitted += 1
         return f"call-{self.submitted}"
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
-        yield JobState("Pending", position=1)
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
+        yield JobProgress("Pending", position=1)
         await self.go.wait()
-        yield JobState("Failed", reason="Test", message="ended by the test")
+        yield JobProgress("Failed", reason="Test", message="ended by the test")
 
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
         pass

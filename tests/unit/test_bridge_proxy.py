@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import Waiting
-from gpulane.bridge.jobs import JobState, Submission
+from gpulane.bridge.job_queue import JobProgress, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
 from .helpers import until
@@ -35,8 +35,8 @@ class RunningQueue:
     async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         return "job-1"
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
-        yield JobState("Running")
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
+        yield JobProgress("Running")
 
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
         self.finished.append((succeeded, message))

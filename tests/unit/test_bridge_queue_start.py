@@ -9,8 +9,8 @@ import pytest
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import REPLICA_LABEL, Body
-from gpulane.bridge import jobs
-from gpulane.bridge.jobs import KubeJobQueue
+from gpulane.bridge import job_queue
+from gpulane.bridge.job_queue import KubeJobQueue
 
 
 class FakeKube:
@@ -41,7 +41,7 @@ def test_a_429_at_start_is_retried_and_the_orphans_still_cancelled(monkeypatch: 
     async def watch(*args: Any, **kwargs: Any) -> None:
         await asyncio.Event().wait()
 
-    monkeypatch.setattr(jobs, "watch_jobs", watch)
+    monkeypatch.setattr(job_queue, "watch_jobs", watch)
     initializing = ApiException(status=429, reason="storage is (re)initializing")
     orphans = [{"metadata": {"name": "old-call"}, "status": {"phase": "Pending"}},
                {"metadata": {"name": "done-call"}, "status": {"phase": "Succeeded"}}]  # fmt: skip

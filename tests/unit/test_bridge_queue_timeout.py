@@ -16,13 +16,13 @@ from gpulane.api.run_limits import MAX_RUN_SECONDS
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import Waiting
-from gpulane.bridge.jobs import JobState, Submission
+from gpulane.bridge.job_queue import JobProgress, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
 KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
 AUTH = {"Authorization": f"Bearer {KEY['key']}"}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-EXPIRED = JobState(
+EXPIRED = JobProgress(
     "Failed", reason="QueueTimeout", message="still waiting at its queue deadline, 30s after it was created"
 )
 
@@ -40,8 +40,8 @@ class ExpiringQueue:
         self.submissions.append(submission)
         return f"call-{len(self.submissions)}"
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
-        yield JobState("Pending", position=3)
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
+        yield JobProgress("Pending", position=3)
         yield EXPIRED
 
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
@@ -121,8 +121,8 @@ def test_a_job_refused_for_a_full_queue_is_a_429_that_says_which(reason: str, co
     arrival: the caller gets a 429 with Retry-After, as for the bridge's own caps, not a 503."""
 
     class FullQueue(ExpiringQueue):
-        async def follow(self, name: str) -> AsyncIterator[JobState]:
-            yield JobState("Failed", reason=reason, message="member app already has 2 jobs waiting")
+        async def follow(self, name: str) -> AsyncIterator[JobProgress]:
+            yield JobProgress("Failed", reason=reason, message="member app already has 2 jobs waiting")
 
     async def scenario() -> None:
         async with TestClient(TestServer(bridge(FullQueue()).app())) as http:

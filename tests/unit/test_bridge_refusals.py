@@ -15,7 +15,7 @@ from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import Waiting
-from gpulane.bridge.jobs import JobState, Submission, _refusal
+from gpulane.bridge.job_queue import JobProgress, Submission, _refusal
 from gpulane.bridge.keys import KeyRing, KeysFile
 
 KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
@@ -53,7 +53,7 @@ class RefusingQueue:
     async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str:
         raise CallError(403, f"the cluster refused the job: {DENIED}", kind="permission_error")
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
         raise AssertionError("a refused job is never followed")
         yield  # pragma: no cover
 
@@ -104,7 +104,7 @@ def test_the_key_is_checked_before_the_body_is_read(headers: dict[str, str], sta
 def test_a_backend_the_bridge_may_not_read_queues_the_call_instead_of_a_500() -> None:
     """Review L7: without get on pods in the backend namespace (an install whose bridge runs no executor,
     before the chart always granted it), an /upstream call on an ignored path answered 500."""
-    from gpulane.bridge.jobs import KubeJobQueue
+    from gpulane.bridge.job_queue import KubeJobQueue
 
     class NoPodRights:
         namespace = "gpulane-system"
@@ -169,9 +169,9 @@ class WaitingQueue(RefusingQueue):
         self.taken.set()
         return "call-1"
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
         await asyncio.Event().wait()  # never starts
-        yield JobState("Pending")  # pragma: no cover
+        yield JobProgress("Pending")  # pragma: no cover
 
     async def cancel(self, name: str) -> None:
         pass

@@ -20,7 +20,7 @@ from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError, read_call
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import Waiting
-from gpulane.bridge.jobs import JobState, LaneView, Submission
+from gpulane.bridge.job_queue import JobProgress, LaneView, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
 
 KEY = {"name": "app", "key": "sk-app-000000", "member": "app", "maxPriority": 100}
@@ -50,8 +50,8 @@ class Queue:
         self.submitted.append(submission)
         return f"job-{len(self.submitted)}"
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
-        yield JobState("Running")
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
+        yield JobProgress("Running")
 
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None:
         self.finished.append(succeeded)

@@ -29,7 +29,7 @@ from gpulane.kube.client import STATUS_WRITE_KINDS, Conflict, Gone
 from gpulane.operator import status as status_module
 from gpulane.operator.controller import Controller
 from gpulane.operator.history import HIDDEN_JOB, redacted
-from gpulane.operator.jobs import JobState
+from gpulane.operator.job_table import JobState
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild

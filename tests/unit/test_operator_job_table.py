@@ -1,4 +1,4 @@
-"""Unit tests of gpulane/operator/jobs.py: the JobTable keeps each job in one state, and asks the core (the one
+"""Unit tests of gpulane/operator/job_table.py: the JobTable keeps each job in one state, and asks the core (the one
 holder of what runs where) which lane it holds."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch, JobAdopted, JobFinished, JobSubmitted, dispatches
 from gpulane.core.jobs import Job
-from gpulane.operator.jobs import JobState, JobTable, JobView
+from gpulane.operator.job_table import JobState, JobTable, JobView
 
 from .helpers import dispatcher
 

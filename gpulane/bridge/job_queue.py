@@ -54,7 +54,7 @@ class Submission:
 
 
 @dataclass(frozen=True, slots=True)
-class JobState:
+class JobProgress:
     phase: str | None
     position: int | None = None
     estimated_start: str | None = None
@@ -81,7 +81,7 @@ class JobQueue(Protocol):
     async def lanes(self) -> list[LaneView]: ...
     async def resident(self, model: str) -> str | None: ...
     async def submit(self, submission: Submission, waiting: Waiting | None = None) -> str: ...
-    def follow(self, name: str) -> AsyncIterator[JobState]: ...
+    def follow(self, name: str) -> AsyncIterator[JobProgress]: ...
     async def finish(self, name: str, succeeded: bool, message: str | None = None) -> None: ...
     async def cancel(self, name: str) -> None: ...
     async def unload(self, by: str) -> None: ...
@@ -103,9 +103,9 @@ def _unavailable(what: str) -> CallError:
                      code="cluster_unavailable", retry_after=1)  # fmt: skip
 
 
-def _state(obj: dict[str, Any]) -> JobState:
+def _state(obj: dict[str, Any]) -> JobProgress:
     status = obj.get("status") or {}
-    return JobState(
+    return JobProgress(
         phase=status.get("phase"),
         position=status.get("position"),
         estimated_start=status.get("estimatedStart"),
@@ -140,7 +140,7 @@ class KubeJobQueue:
         self.replica = replica
         self.lease = f"gpulane-bridge-{replica}"
         self.lease_seconds = lease_seconds
-        self._waiters: dict[str, asyncio.Queue[JobState]] = {}
+        self._waiters: dict[str, asyncio.Queue[JobProgress]] = {}
         self._models = Catalog(())
         self._models_at = -MODELS_TTL
         self._tasks: list[asyncio.Task[None]] = []
@@ -268,7 +268,7 @@ class KubeJobQueue:
             raise
         return name
 
-    async def follow(self, name: str) -> AsyncIterator[JobState]:
+    async def follow(self, name: str) -> AsyncIterator[JobProgress]:
         """The job's states as the watch sees them, until it runs or ends."""
         waiter = self._waiters.setdefault(name, asyncio.Queue())
         try:
