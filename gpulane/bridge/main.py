@@ -16,10 +16,10 @@ from aiohttp import web
 
 from gpulane.api.run_limits import MAX_RUN_SECONDS
 from gpulane.bridge.app import Bridge, BridgeSettings
-from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.job_queue import KubeJobQueue
 from gpulane.bridge.keys import RELOAD_SECONDS, KeyRing, KeysError
 from gpulane.bridge.results import ResultReader, ResultStore
+from gpulane.executor.manifests import ManifestExecutor
 from gpulane.kube.client import Kube, load_client
 
 

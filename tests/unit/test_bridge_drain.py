@@ -13,9 +13,9 @@ from gpulane.api.contract import EXECUTOR_LEASE
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.catalog import Catalog
 from gpulane.bridge.creates import Waiting
-from gpulane.bridge.executor import ManifestExecutor
 from gpulane.bridge.job_queue import JobProgress, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
+from gpulane.executor.manifests import ManifestExecutor
 
 from .helpers import until
 

@@ -1,4 +1,4 @@
-"""The manifest executor (gpulane/bridge/executor.py) against a real HTTP backend on 127.0.0.1 and an
+"""The manifest executor (gpulane/executor/manifests.py) against a real HTTP backend on 127.0.0.1 and an
 in-memory Kube: every run ends in an outcome, and the answer stored is the answer sent."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from gpulane.api.backend_pods import pod_name
 from gpulane.api.contract import EXECUTOR_LEASE, LANE_LABEL, MODEL_LABEL
 from gpulane.bridge.catalog import Catalog, ServedModel
-from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY, ManifestExecutor
 from gpulane.bridge.results import ResultStore
+from gpulane.executor.manifests import BINARY_KEY, RESULT_KEY, ManifestExecutor
 from gpulane.fakes.backend import fake_bytes
 from gpulane.kube.client import Conflict, Gone
 
@@ -307,7 +307,7 @@ def test_the_executor_watches_only_the_namespaces_it_is_given(monkeypatch: pytes
     async def watch(kube: Any, namespace: str | None, selector: str | None, deliver: Any) -> None:
         watched.append(namespace)
 
-    monkeypatch.setattr("gpulane.bridge.executor.watch_jobs", watch)
+    monkeypatch.setattr("gpulane.executor.manifests.watch_jobs", watch)
 
     async def scenario(namespaces: list[str]) -> list[str | None]:
         watched.clear()

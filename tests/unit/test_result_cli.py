@@ -22,9 +22,9 @@ from kubernetes import client
 
 from gpulane.api.contract import BRIDGE_AUDIENCE
 from gpulane.api.resources import GROUP, VERSION
-from gpulane.bridge.executor import BINARY_KEY, RESULT_KEY
 from gpulane.bridge.results import ResultReader, ResultStore
 from gpulane.cli import main
+from gpulane.executor.manifests import BINARY_KEY, RESULT_KEY
 from gpulane.kube.client import Gone
 
 NS = "team-a"

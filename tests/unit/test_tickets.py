@@ -1,7 +1,7 @@
 """Servers that answer with a ticket (GpuModel spec.ticket, gpulane/bridge/tickets.py), against the fake
 backend's ComfyUI protocol (gpulane/fakes/comfy.py): the executor and the bridge hold the job until the
 render is done, and the answer is the finished render's. Also a job's request on every route
-(gpulane/bridge/job_calls.py)."""
+(gpulane/executor/job_calls.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from gpulane.api.resources import Ticket
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import form_field
 from gpulane.bridge.catalog import Catalog, ServedModel
-from gpulane.bridge.executor import RESULT_KEY, ManifestExecutor
-from gpulane.bridge.job_calls import job_call
 from gpulane.bridge.keys import KeyRing, KeysFile
 from gpulane.bridge.tickets import TicketError, lookup, settle
+from gpulane.executor.job_calls import job_call
+from gpulane.executor.manifests import RESULT_KEY, ManifestExecutor
 from gpulane.fakes.backend import FakeBackendConfig, make_app
 from gpulane.fakes.comfy import FAILING_NODE
 

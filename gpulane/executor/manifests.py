@@ -29,11 +29,11 @@ from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.calls import CallError, sent_headers
 from gpulane.bridge.catalog import Catalog, ServedModel, outgoing
-from gpulane.bridge.job_calls import job_call
 from gpulane.bridge.job_queue import outcome_patch
 from gpulane.bridge.results import Chunks, ResultStore
 from gpulane.bridge.tickets import TicketError, issues_ticket, settle
 from gpulane.core.priority import parse_priority
+from gpulane.executor.job_calls import job_call
 from gpulane.kube.client import Conflict, Gone, Kube, why, write_outcome
 from gpulane.kube.watch import watch_jobs
 
