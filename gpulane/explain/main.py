@@ -4,19 +4,21 @@ the kubeconfig. Also installed as the kubectl plugin ``kubectl-gpulane`` (``kube
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.config import ConfigException
 
 from gpulane.api.chains import CHAIN_LABEL
 from gpulane.api.contract import Body
-from gpulane.api.resources import GROUP, VERSION, GpuPolicySpec
+from gpulane.api.resources import GpuPolicySpec
 from gpulane.core.durations import parse_duration
-from gpulane.core.policy import FairShareWeights, Policy
 from gpulane.explain import report, usage
+from gpulane.kube.client import Gone, Kube, load_client
 
 
 def _kubeconfig(parser: argparse.ArgumentParser) -> None:
@@ -57,57 +59,78 @@ def chains_arguments(c: argparse.ArgumentParser) -> None:
     _kubeconfig(c)
 
 
-def load(args: argparse.Namespace) -> client.CustomObjectsApi:
-    """The custom-objects API through ``--kubeconfig`` (else $KUBECONFIG, ~/.kube/config)."""
+async def load(args: argparse.Namespace) -> Kube:
+    """gpulane's one client through ``--kubeconfig`` (else in a pod its own account, $KUBECONFIG, ~/.kube/config)."""
     try:
-        config.load_kube_config(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-    except (config.ConfigException, FileNotFoundError) as err:
+        return Kube(await load_client(args.kubeconfig), namespace="default")
+    except (ConfigException, FileNotFoundError) as err:
         raise SystemExit(f"error: no usable kubeconfig: {err}") from None
-    return client.CustomObjectsApi()
 
 
-def _items(api: client.CustomObjectsApi, plural: str, namespace: str | None = None) -> list[Body]:
-    if namespace:
-        listed = api.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
-    else:
-        listed = api.list_cluster_custom_object(GROUP, VERSION, plural)
-    items: list[Body] = listed["items"]  # type: ignore[index]
-    return items
+async def _items(kube: Kube, plural: str, namespace: str | None = None) -> list[Body]:
+    return await (kube.list_namespaced(plural, namespace) if namespace else kube.list_cluster(plural))
 
 
-def _get(api: client.CustomObjectsApi, plural: str, namespace: str, name: str) -> Body | None:
+async def _get(kube: Kube, plural: str, namespace: str, name: str) -> Body | None:
     try:
-        body: Body = api.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)  # type: ignore[assignment]
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    return body
+        return await kube.get_namespaced(plural, namespace, name)
+    except Gone:
+        return None
 
 
-def _models(api: client.CustomObjectsApi) -> dict[str, Body]:
-    return {m["metadata"]["name"]: m.get("status") or {} for m in _items(api, "gpumodels")}
+async def _models(kube: Kube) -> dict[str, Body]:
+    return {m["metadata"]["name"]: m.get("status") or {} for m in await _items(kube, "gpumodels")}
+
+
+async def _policy(kube: Kube) -> GpuPolicySpec:
+    """The GpuPolicy in effect, or the defaults without one."""
+    try:
+        spec = (await kube.get_cluster("gpupolicies", "default")).get("spec") or {}
+    except (Gone, ApiException):  # none, or not readable by this user: the defaults explain as well as they can
+        spec = {}
+    return GpuPolicySpec.model_validate(spec)
+
+
+def _run(work: Callable[[Kube], Awaitable[int]], args: argparse.Namespace) -> int:
+    """One command on one client, closed at the end; an API error in one line."""
+
+    async def run() -> int:
+        kube = await load(args)
+        try:
+            return await work(kube)
+        except ApiException as err:
+            print(f"error: the apiserver answered {err.status} {err.reason}", file=sys.stderr)
+            return 1
+        finally:
+            await kube.close()
+
+    return asyncio.run(run())
 
 
 def run_queue(args: argparse.Namespace) -> int:
-    api = load(args)
-    while True:
-        rows = report.queue(_items(api, "gpujobs", args.namespace), _models(api), time.time(), args.lane)
-        if args.output == "json":
-            print(json.dumps(rows, indent=1, default=str))
-        else:
-            print(report.render_queue(rows, wide=args.output == "wide"))
-        if not args.watch:
-            return 0
-        time.sleep(2)
-        print()
+    async def work(kube: Kube) -> int:
+        while True:
+            jobs, models = await _items(kube, "gpujobs", args.namespace), await _models(kube)
+            rows = report.queue(jobs, models, time.time(), args.lane)
+            if args.output == "json":
+                print(json.dumps(rows, indent=1, default=str))
+            else:
+                print(report.render_queue(rows, wide=args.output == "wide"))
+            if not args.watch:
+                return 0
+            await asyncio.sleep(2)
+            print()
+
+    return _run(work, args)
 
 
 def run_lanes(args: argparse.Namespace) -> int:
-    api = load(args)
-    rows = report.lanes(_items(api, "gpulanes"), _items(api, "gpujobs"), time.time())
-    print(json.dumps(rows, indent=1) if args.output == "json" else report.render_lanes(rows))
-    return 0
+    async def work(kube: Kube) -> int:
+        rows = report.lanes(await _items(kube, "gpulanes"), await _items(kube, "gpujobs"), time.time())
+        print(json.dumps(rows, indent=1) if args.output == "json" else report.render_lanes(rows))
+        return 0
+
+    return _run(work, args)
 
 
 def run_usage(args: argparse.Namespace) -> int:
@@ -115,47 +138,47 @@ def run_usage(args: argparse.Namespace) -> int:
         window = parse_duration(args.window)
     except ValueError as err:
         raise SystemExit(f"error: --window: {err}") from None
-    api = load(args)
-    try:
-        spec = api.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default").get("spec") or {}  # type: ignore[attr-defined]
-        weights = GpuPolicySpec.model_validate(spec).fair_share_weights
-    except ApiException:
-        weights = FairShareWeights()
-    rows = usage.usage(_items(api, "gpujobs"), _items(api, "gpulanes"), weights, time.time(), window)
-    print(json.dumps(rows, indent=1) if args.output == "json" else usage.render_usage(rows, window))
-    return 0
+
+    async def work(kube: Kube) -> int:
+        weights = (await _policy(kube)).fair_share_weights
+        rows = usage.usage(await _items(kube, "gpujobs"), await _items(kube, "gpulanes"), weights, time.time(), window)
+        print(json.dumps(rows, indent=1) if args.output == "json" else usage.render_usage(rows, window))
+        return 0
+
+    return _run(work, args)
 
 
 def run_chains(args: argparse.Namespace) -> int:
-    api = load(args)
-    rows = report.chains(_items(api, "gpuchains", args.namespace), time.time())
-    print(json.dumps(rows, indent=1) if args.output == "json" else report.render_chains(rows))
-    return 0
+    async def work(kube: Kube) -> int:
+        rows = report.chains(await _items(kube, "gpuchains", args.namespace), time.time())
+        print(json.dumps(rows, indent=1) if args.output == "json" else report.render_chains(rows))
+        return 0
+
+    return _run(work, args)
 
 
 def run_why(args: argparse.Namespace) -> int:
-    api = load(args)
     namespace, _, name = args.job.rpartition("/")
     namespace = namespace or args.namespace
-    job, chain = _get(api, "gpujobs", namespace, name), None
-    if job is None and (chain := _get(api, "gpuchains", namespace, name)) is None:
-        print(f"error: no GpuJob or GpuChain {namespace}/{name}", file=sys.stderr)
-        return 1
-    try:
-        spec = api.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default").get("spec") or {}  # type: ignore[attr-defined]
-        policy = GpuPolicySpec.model_validate(spec).scoring()
-    except ApiException:
-        policy = Policy()
-    lanes, now = _items(api, "gpulanes"), time.time()
-    if chain is not None:
-        listed = api.list_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs",
-                                                   label_selector=f"{CHAIN_LABEL}={name}")  # fmt: skip
-        lines = report.why_chain(chain, listed["items"], lanes, policy, now)  # type: ignore[index]
-    else:
-        lines = report.why(job, lanes, policy, now)  # type: ignore[arg-type]
-    print(
-        json.dumps({"job" if chain is None else "chain": f"{namespace}/{name}", "story": lines}, indent=1)
-        if args.output == "json"
-        else "\n".join(lines)
-    )
-    return 0
+
+    async def work(kube: Kube) -> int:
+        job, chain = await _get(kube, "gpujobs", namespace, name), None
+        if job is None and (chain := await _get(kube, "gpuchains", namespace, name)) is None:
+            print(f"error: no GpuJob or GpuChain {namespace}/{name}", file=sys.stderr)
+            return 1
+        policy = (await _policy(kube)).scoring()
+        lanes, now = await _items(kube, "gpulanes"), time.time()
+        if chain is not None:
+            steps = await kube.list_namespaced("gpujobs", namespace, f"{CHAIN_LABEL}={name}")
+            lines = report.why_chain(chain, steps, lanes, policy, now)
+        else:
+            assert job is not None
+            lines = report.why(job, lanes, policy, now)
+        print(
+            json.dumps({"job" if chain is None else "chain": f"{namespace}/{name}", "story": lines}, indent=1)
+            if args.output == "json"
+            else "\n".join(lines)
+        )
+        return 0
+
+    return _run(work, args)

@@ -10,6 +10,7 @@ as the bridge itself serves no TLS (put an Ingress or a mesh with TLS in front o
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -22,12 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import BRIDGE_AUDIENCE, Body
-from gpulane.api.resources import GROUP, VERSION
 from gpulane.explain.main import _kubeconfig, load
+from gpulane.kube.client import Gone
 
 CHUNK = 1 << 20
 
@@ -51,21 +51,39 @@ class Failed(Exception):
     """What the user is told, and exit status 1."""
 
 
+async def read(args: argparse.Namespace, namespace: str, name: str) -> tuple[Body, bytes | None]:
+    """The job's result field, and its answer when a ConfigMap holds it (None: it is on the results volume)."""
+    kube = await load(args)
+    try:
+        try:
+            job = await kube.get_job(namespace, name)
+        except Gone:
+            raise Failed(f"no GpuJob {namespace}/{name}") from None
+        result: Body | None = (job.get("status") or {}).get("result")
+        if not result:
+            phase = (job.get("status") or {}).get("phase") or "Pending"
+            raise Failed(f"GpuJob {namespace}/{name} has no answer (yet): it is {phase}")
+        if "volume" in result:
+            return result, None
+        try:
+            config_map = await kube.get_config_map(namespace, result["configMap"])
+        except Gone:
+            raise Failed(f"ConfigMap {namespace}/{result['configMap']} is gone, and the job's answer with it") from None
+        return result, from_config_map(config_map, namespace, result)
+    finally:
+        await kube.close()
+
+
 def run_result(args: argparse.Namespace) -> int:
     namespace, _, name = args.job.rpartition("/")
     namespace = namespace or args.namespace
     try:
-        api = load(args)
-        job: Body = api.get_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs", name)  # type: ignore[assignment]
-        result = (job.get("status") or {}).get("result")
-        if not result:
-            phase = (job.get("status") or {}).get("phase") or "Pending"
-            raise Failed(f"GpuJob {namespace}/{name} has no answer (yet): it is {phase}")
+        result, answer = asyncio.run(read(args, namespace, name))
         with output(args.output) as out:
-            if "volume" in result:
+            if answer is None:
                 fetch(args, namespace, name, result["volume"], out)
             else:
-                out.write(from_config_map(api.api_client, namespace, result))
+                out.write(answer)
     except ApiException as err:
         print(f"error: {namespace}/{name}: {err.status} {err.reason}", file=sys.stderr)
         return 1
@@ -97,12 +115,12 @@ def output(path: str | None) -> Iterator[BinaryIO]:
         raise
 
 
-def from_config_map(api: client.ApiClient, namespace: str, result: Body) -> bytes:
-    cm = client.CoreV1Api(api).read_namespaced_config_map(result["configMap"], namespace)
+def from_config_map(config_map: Body, namespace: str, result: Body) -> bytes:
     key = result.get("key", "")
-    if cm.binary_data and key in cm.binary_data:
-        return base64.b64decode(cm.binary_data[key])
-    data = cm.data or {}
+    binary = config_map.get("binaryData") or {}
+    if key in binary:
+        return base64.b64decode(binary[key])
+    data = config_map.get("data") or {}
     if key not in data:  # not an empty answer: none at all
         raise Failed(f"ConfigMap {namespace}/{result['configMap']} has no key {key!r}: the job's answer is not there")
     return str(data[key]).encode()

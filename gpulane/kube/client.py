@@ -199,8 +199,11 @@ class Kube:
         return await self.list_cluster("gpujobs")  # all namespaces
 
     async def list_namespaced_jobs(self, namespace: str, selector: str) -> list[Body]:
+        return await self.list_namespaced("gpujobs", namespace, selector)
+
+    async def list_namespaced(self, plural: str, namespace: str, selector: str = "") -> list[Body]:
         result = await self._call(
-            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", label_selector=selector
+            self.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, plural, label_selector=selector
         )
         items: list[Body] = result.get("items", [])
         return items
@@ -210,10 +213,14 @@ class Kube:
         return body
 
     async def get_job(self, namespace: str, name: str) -> Body:
-        body: Body = await self._call(
-            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, "gpujobs", name
-        )
+        return await self.get_namespaced("gpujobs", namespace, name)
+
+    async def get_namespaced(self, plural: str, namespace: str, name: str) -> Body:
+        body: Body = await self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name)
         return body
+
+    async def get_config_map(self, namespace: str, name: str) -> Body:
+        return self._plain(await self._call(self.core.read_namespaced_config_map, name, namespace))
 
     async def list_leases(self, selector: str) -> list[Body]:
         result = await self._call(self.coordination.list_lease_for_all_namespaces, label_selector=selector)

@@ -219,7 +219,9 @@ def test_a_config_map_that_is_gone_fails_and_leaves_no_file(world: World, capfd:
     world.config_map_job("chat", RESULT_KEY, {"data": {RESULT_KEY: "{}"}})
     world.apiserver.config_maps.clear()  # collected, say
     assert world.result(f"{NS}/chat", "-o", str(world.out / "chat.json")) == 1
-    assert capfd.readouterr().err == f"error: {NS}/chat: 404 Not Found\n"
+    assert (
+        capfd.readouterr().err == f"error: ConfigMap {NS}/chat-result-12345678 is gone, and the job's answer with it\n"
+    )
     assert world.files() == [], "not an empty file, as if the answer were empty"
 
 
@@ -247,7 +249,7 @@ def test_a_job_without_an_answer_says_its_phase(
 
 def test_a_job_that_does_not_exist(world: World, capfd: pytest.CaptureFixture[str]):
     assert world.result("ghost", "-n", NS, "-o", str(world.out / "ghost.out")) == 1
-    assert capfd.readouterr().err == f"error: {NS}/ghost: 404 Not Found\n"
+    assert capfd.readouterr().err == f"error: no GpuJob {NS}/ghost\n"
     assert world.files() == []
 
 
