@@ -20,12 +20,15 @@ USAGE = Policy(loadYield=False)
 TURNS = Policy(fairShare="turns", loadYield=False)
 
 
-def backlog_share(policy: Policy, runs: dict[str, float], hours: float = 12) -> dict[str, float]:
-    """Each member's GPU seconds while all are backlogged with jobs of their own length."""
+def backlog_share(
+    policy: Policy, runs: dict[str, float], hours: float = 12, teams: dict[str, str | None] | None = None
+) -> dict[str, float]:
+    """Each member's GPU seconds while all are backlogged with jobs of their own length (in ``teams``' teams)."""
     d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=policy)
     for member, run in runs.items():
+        team = (teams or {}).get(member)
         for i in range(int(hours * 3600 / run) + 1):
-            d.handle(JobSubmitted(Job(f"{member}-{i}", "m", -100, "free", member, 0.0, expected_run_seconds=run)))
+            d.handle(JobSubmitted(Job(f"{member}-{i}", "m", -100, "free", member, 0.0, run, None, team)))
     used = dict.fromkeys(runs, 0.0)
     [running] = d.running.values()
     while clock.now < hours * 3600:
@@ -344,20 +347,9 @@ def test_bands_beat_tier_affinity_and_usage_together(gap, lo_tier, hi_tier, lo_u
 # -- weights and teams (issue 37) ---------------------------------------------------------------
 
 
-def team_shares(policy: Policy, members: dict[str, str | None], run: float = 120.0, hours: float = 12) -> dict:
+def team_shares(policy: Policy, members: dict[str, str | None]) -> dict[str, float]:
     """Each member's GPU seconds while all are backlogged with equal jobs; ``members`` maps each to its team."""
-    d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=policy)
-    for member, team in members.items():
-        for i in range(int(hours * 3600 / run) + 1):
-            d.handle(JobSubmitted(Job(f"{member}-{i}", "m", -100, "free", member, 0.0, run, None, team)))
-    used = dict.fromkeys(members, 0.0)
-    [running] = d.running.values()
-    while clock.now < hours * 3600:
-        used[running.job.member] += run
-        clock.now += run
-        [decision] = d.handle(JobFinished(running.job.id))
-        running = d.running[decision.job.id]
-    return {member: seconds / sum(used.values()) for member, seconds in used.items()}
+    return backlog_share(policy, dict.fromkeys(members, 120.0), teams=members)
 
 
 def test_namespace_weights_share_gpu_time_two_to_one():
