@@ -450,10 +450,14 @@ class Chaos:
     def keep_logs(self) -> None:
         """The release's logs (each container's and the one before it), to read the report against."""
         selector = f"app.kubernetes.io/instance={self.release}"
-        for previous in ("false", "true"):
-            logs = self.cluster.kubectl("logs", "-n", self.ns, "-l", selector, "--prefix", "--tail=-1",
-                                        f"--previous={previous}", check=False)  # fmt: skip
-            (self.work / f"logs-previous-{previous}.txt").write_text(logs.stdout + logs.stderr)
+        pods = self.cluster.kubectl("get", "pods", "-n", self.ns, "-l", selector, "-o", "name", check=False)
+        for pod in pods.stdout.split():
+            # One pod at a time: a selector's --previous fails as a whole on the first pod never restarted.
+            for previous in ("false", "true"):
+                logs = self.cluster.kubectl("logs", "-n", self.ns, pod, "--all-containers", "--prefix",
+                                            f"--previous={previous}", check=False)  # fmt: skip
+                name = pod.removeprefix("pod/") + ("-previous" if previous == "true" else "")
+                (self.work / f"{name}.log").write_text(logs.stdout + logs.stderr)
         print(f"the release's logs are in {self.work}", file=sys.stderr)
 
     def run(self) -> dict[str, Any]:

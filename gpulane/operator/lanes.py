@@ -217,6 +217,10 @@ class LaneRunner:
         if gone:
             self.say("ModelDeleted", f"GpuModel {pod.model!r} was deleted: its pod {pod.name} is stopped and the GPU "
                      "given back")  # fmt: skip
-        # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
-        with contextlib.suppress(Gone, Conflict):
-            await self.host.kube.delete_pod(pod.name, pod.uid)
+        try:
+            # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
+            with contextlib.suppress(Gone, Conflict):
+                await self.host.kube.delete_pod(pod.name, pod.uid)
+        except BaseException:
+            self.deleting = None  # a 500 or a timeout may have deleted nothing: the retry deletes again
+            raise

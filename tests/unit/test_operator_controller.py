@@ -656,6 +656,38 @@ def test_swap_waits_for_the_running_job_and_for_the_old_pod_to_be_gone():
     asyncio.run(scenario())
 
 
+def test_a_swap_whose_pod_delete_failed_deletes_the_pod_again():
+    """etcd restarting under a swap answers the pod's delete with a 500 that deleted nothing: the lane must not
+    take the pod as on its way out (it found one in a chaos round: the lane waited for a deletion event that
+    never came, and no job ran again)."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("b")
+        await w.warm("ja")
+        old = w.kube.get(f"pods/{SYSTEM}/gpulane-gpu-0")
+        w.submit("jb", model="b", created=T0 + 1)
+        w.clock.now += 30
+        w.ctl.job_event("MODIFIED", w.executor_finishes("ja"))
+
+        def unavailable(verb: str, target: str, body: Any) -> None:
+            if verb == "delete_pod":
+                w.kube.before_write = None  # once
+                raise ApiException(status=500, reason="rpc error: code = Unavailable")
+
+        w.kube.before_write = unavailable
+        with pytest.raises(ApiException):
+            await w.reconcile()
+        assert "deletionTimestamp" not in w.kube.get(f"pods/{SYSTEM}/gpulane-gpu-0")["metadata"]
+
+        await w.reconcile()
+        first, second = w.kube.calls_of("delete_pod")
+        assert first.body == second.body == {"preconditions": {"uid": old["metadata"]["uid"]}}
+        assert "deletionTimestamp" in w.kube.get(f"pods/{SYSTEM}/gpulane-gpu-0")["metadata"]
+
+    asyncio.run(scenario())
+
+
 def test_a_late_event_of_a_replaced_pod_fails_nothing_and_stands_for_no_pod():
     """kopf handles each pod, by uid, in a worker of its own: the terminating event of the lane's first pod
     (model m) can be handled after a second swap brought m back in a new pod of the same name. It used to
