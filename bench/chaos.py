@@ -108,6 +108,7 @@ class Chaos:
         self.stop = threading.Event()
         self.rounds_done = threading.Event()  # --rounds: every kind injected that many times (or chaos gave up)
         self.counts: collections.Counter[str] = collections.Counter()
+        self.executor: collections.Counter[str] = collections.Counter()  # outcomes written, or why not
         self.refusals: dict[str, str] = {}  # kind of refusal -> one message, as the client got it
         self.went_wrong: list[tuple[float, str, str]] = []  # (when, "bridge" or "kubectl", "refused" or "failed")
         self.kinds: list[str] = list(args.faults)  # those that apply to the release (install)
@@ -243,8 +244,11 @@ class Chaos:
                 running = [n for n, t in self.record.jobs.items() if t.phase == "Running" and n.startswith("k")]
             for name in running:
                 if time.monotonic() - started.setdefault(name, time.monotonic()) > 0.2:
-                    with contextlib.suppress(Exception):
+                    try:
                         self.world.complete(name)
+                        self.executor["completed"] += 1
+                    except Exception as err:  # tried again next time round; the report counts them
+                        self.executor[type(err).__name__] += 1
             time.sleep(0.1)
 
     def call(self) -> None:
@@ -527,6 +531,7 @@ class Chaos:
             "unfinished": dict(list(unfinished.items())[:20]),
             "metrics_disagree": metrics,
             "broken_watches": dict(watcher.broken_watches),
+            "executor": dict(self.executor),
             "drain_seconds": round(drain, 1),
             "errors": self.errors,
             "logs": str(self.work),

@@ -373,9 +373,12 @@ class World:
             {"op": "replace", "path": "/status/phase", "value": phase},
             {"op": "add", "path": "/status/finishedAt", "value": now},
         ]
+        # Bounded: the chaos run's executor calls this through apiserver and etcd restarts, and the client's
+        # calls have no timeout of their own (one that hung would hold a lane Running for good).
         self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, self.namespace, "gpujobs", name, patch, _content_type="application/json-patch+json"
-        )
+            GROUP, VERSION, self.namespace, "gpujobs", name, patch, _content_type="application/json-patch+json",
+            _request_timeout=30,
+        )  # fmt: skip
 
     def run_through(self, names: set[str], timeout: float = 90) -> list[str]:
         """Act as the executor: complete whichever job is Running until all of ``names`` ran; return the order."""
