@@ -35,7 +35,7 @@ from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, REQUESTED_PRIORITY
 from gpulane.api.resources import GROUP, VERSION, GpuJobSpec, GpuJobStatus, GpuPolicySpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.durations import MAX_SECONDS
-from gpulane.core.policy import SPACING_FACTOR
+from gpulane.core.policy import DNS_LABEL, SPACING_FACTOR
 from gpulane.core.priority import ALIASES, SATURATION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -415,6 +415,7 @@ def policy_rules() -> dict[str, Any]:
     rules = f"{admission}.{_f(AdmissionPolicy, 'rules')}"
     limits = f"{spec}.{_f(GpuPolicySpec, 'run_limits')}"
     timeouts = f"{spec}.{_f(GpuPolicySpec, 'queue_timeout_seconds')}"
+    teams, mode = (f"{spec}.{_f(GpuPolicySpec, f)}" for f in ("fair_share_teams", "fair_share"))
     largest = f"{bonus}.map(t, {bonus}[t]).max()"
     offsets = f"({largest} + {affinity})"
     default_tier, default_cap = (f"{admission}.{_f(AdmissionPolicy, f)}" for f in ("default_tier", "default_cap"))
@@ -454,6 +455,14 @@ def policy_rules() -> dict[str, Any]:
             _rule(
                 f"{limits}.{_f(RunLimits, 'default_seconds')} <= {limits}.{_f(RunLimits, 'max_seconds')}",
                 "'runLimits.defaultSeconds is above runLimits.maxSeconds'",
+            ),
+            _rule(
+                f"!has({teams}) || {teams}.all(t, t.matches({_lit(DNS_LABEL)}))",
+                "'fairShareTeams: every team name is a namespace\\'s name (a DNS label)'",
+            ),
+            _rule(
+                f"!has({teams}) || size({teams}) == 0 || !has({mode}) || {mode} == 'usage'",
+                "'fairShareTeams group GPU usage: they need fairShare: usage'",
             ),
         ],
     }

@@ -371,7 +371,8 @@ class UsageEntry(CamelModel):
 
 
 class TeamUsageEntry(CamelModel):
-    """A namespace's (a team's) decayed GPU usage in a band as of ``at``: the upper level of fair share."""
+    """A team's decayed GPU usage in a band as of ``at``: the upper level of fair share. ``namespace`` names the
+    team: a namespace, or a team of the GpuPolicy's ``fairShareTeams``."""
 
     namespace: str
     band: int

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from gpulane.core.durations import MAX_SECONDS
@@ -74,6 +75,39 @@ class FairShareWeights(CamelModel):
         return (own, 1.0) if team is None else (self.namespaces.get(team, 1.0), own)
 
 
+# A team's name, and the namespace part of a team's entry: what a namespace's name may be (a DNS label).
+DNS_LABEL = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_LABEL = re.compile(DNS_LABEL)
+_TEAMS_SCHEMA: dict[str, Any] = {  # the entries' form is the apiserver's to refuse too; names and repeats: below
+    "additionalProperties": {
+        "type": "array",
+        "items": {"type": "string", "maxLength": 317, "pattern": DNS_LABEL[:-1] + "(/[^/]+)?$"},
+        "maxItems": 1000,
+    },
+    "maxProperties": 1000,
+}
+
+
+def team_index(teams: dict[str, list[str]]) -> dict[str, str]:
+    """``fairShareTeams`` as entry -> team: each entry a namespace (all of its jobs) or ``namespace/member`` (that
+    member's jobs there and its users', ``member/user``). An entry in two teams, or one that names no namespace,
+    is a PolicyError."""
+    index: dict[str, str] = {}
+    for team, entries in teams.items():
+        if not _DNS_LABEL.match(team):
+            raise PolicyError(f"fairShareTeams: {team[:70]!r} is not a team name: a namespace's name (a DNS label)")
+        for entry in entries:
+            namespace, _, member = entry.partition("/")
+            if not _DNS_LABEL.match(namespace) or ("/" in entry and not member) or "/" in member:
+                raise PolicyError(
+                    f"fairShareTeams[{team!r}]: {entry[:70]!r} is neither a namespace nor namespace/member"
+                )
+            if entry in index and index[entry] != team:
+                raise PolicyError(f"fairShareTeams: {entry!r} is in two teams, {index[entry]!r} and {team!r}")
+            index[entry] = team
+    return index
+
+
 class Policy(CamelModel):
     tier_bonus: dict[str, int] = Field(default_factory=lambda: {"free": 0, "pro": 1, "max": 2})
     affinity_bonus: int = Field(default=10, ge=0)
@@ -85,6 +119,9 @@ class Policy(CamelModel):
     fair_share_half_life_seconds: float = 3600.0
     # Under usage: a namespace's share among the namespaces of a band, a member's inside its namespace.
     fair_share_weights: FairShareWeights = Field(default_factory=FairShareWeights)
+    # The tree's teams, when a namespace is not one: {research: [research, research-batch, gpulane-system/ui]}.
+    # A team named after a namespace takes that namespace's jobs too, unless another team lists it.
+    fair_share_teams: dict[str, list[str]] = Field(default_factory=dict, json_schema_extra=_TEAMS_SCHEMA)
     # Per band (keyed by the band's priority, e.g. 100), how long a job may wait before it expires.
     queue_timeout_seconds: dict[int, float] = Field(default_factory=dict)
     # The same per namespace (``Job.team``) and per member, over the band's: {team-a: {100: 300}}.
@@ -92,6 +129,7 @@ class Policy(CamelModel):
     member_queue_timeout_seconds: dict[str, dict[int, float]] = Field(default_factory=dict)
     # A load no job has started on gives way to a newly arrived job that outscores it past the offsets.
     load_yield: bool = False
+    _teams: dict[str, str] = PrivateAttr(default_factory=dict)  # fairShareTeams by entry (``team_index``)
 
     @field_validator("fair_share", mode="before")
     @classmethod
@@ -131,6 +169,9 @@ class Policy(CamelModel):
         weights = self.fair_share_weights
         if self.fair_share == "turns" and (weights.namespaces or weights.members):
             raise PolicyError("fairShareWeights share GPU time: they need fairShare: usage (members take turns now)")
+        if self.fair_share == "turns" and self.fair_share_teams:
+            raise PolicyError("fairShareTeams group GPU usage: they need fairShare: usage (members take turns now)")
+        self._teams = team_index(self.fair_share_teams)
         self._check_timeouts("queueTimeoutSeconds", self.queue_timeout_seconds)
         for field, by_name in (
             ("namespaceQueueTimeoutSeconds", self.namespace_queue_timeout_seconds),
@@ -151,6 +192,14 @@ class Policy(CamelModel):
                 raise PolicyError(
                     f"{field} for band {shown(band)} must be more than 0 seconds and at most 10 years, got {seconds}"
                 )
+
+    def fair_share_team(self, namespace: str | None, member: str) -> str | None:
+        """The team a job counts in at the upper level of fair share: the one ``fairShareTeams`` gives its member
+        (a trusted key's user, ``key/user``, by its key), else its namespace's, else the namespace itself."""
+        if namespace is None or not self._teams:
+            return namespace
+        key = member.split("/", 1)[0]
+        return self._teams.get(f"{namespace}/{key}") or self._teams.get(namespace) or namespace
 
     def queue_timeout(
         self, priority: int, own: float | None, team: str | None = None, member: str | None = None

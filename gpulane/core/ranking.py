@@ -80,11 +80,11 @@ class FairShareRanking:
     or its bonus on the usage clock if that is more: the resident model's job goes ahead of a less-used
     member's job when its member has used at most that much more, so a swap is not paid for a small usage
     lead, and a member who used far less still wins (``docs/policy.md``).
-    Usage is a tree of two levels, as Slurm's Fair Tree: in a band the team (``Job.team``, the namespace)
-    that used the least for its weight goes first, then inside it the member that used the least for its
-    weight (``fairShareWeights``; a weight w divides usage by w, which shifts a usage clock by
-    ``half_life * log2(w)``). A team's share therefore does not grow with its number of members.
-    Each band then competes with the job it picked, at that job's own score: the band, tier,
+    Usage is a tree of two levels, as Slurm's Fair Tree: in a band the team (``Job.team``, the namespace, or the
+    team ``fairShareTeams`` puts its namespace or member in) that used the least for its weight goes first, then
+    inside it the member that used the least for its weight (``fairShareWeights``; a weight w divides usage by
+    w, which shifts a usage clock by ``half_life * log2(w)``). A team's share therefore does not grow with its
+    number of members. Each band then competes with the job it picked, at that job's own score: the band, tier,
     affinity and aging terms across bands are unchanged.
     """
 
@@ -127,8 +127,8 @@ class FairShareRanking:
 
     def add(self, job: Job, seq: int) -> None:
         level = (who := fair_share_member(job), self.policy.band(job.priority))
-        self._team_of[who] = job.team
-        self._weights[who] = self.policy.fair_share_weights.of(job.team, job.member)
+        self._team_of[who] = team = self._team(job)
+        self._weights[who] = self.policy.fair_share_weights.of(team, job.member)
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._jobs[job.id] = (job, seq, level, base)
         self._live_seqs.add(seq)
@@ -168,8 +168,8 @@ class FairShareRanking:
         before = self._last_dispatch.get(level)
         if charge:
             self._ledger.charge_run(level, charge, now)
-            if job.team is not None:
-                self._team_ledger.charge_run((job.team, level[1]), charge, now)
+            if (team := self._team(job)) is not None:
+                self._team_ledger.charge_run((team, level[1]), charge, now)
         self._served(level, now)
         return before
 
@@ -183,8 +183,8 @@ class FairShareRanking:
                 self._last_dispatch[level] = served_before
         if charge:
             self._ledger.correct_run(level, charge, 0.0, at)
-            if job.team is not None:
-                self._team_ledger.correct_run((job.team, level[1]), charge, 0.0, at)
+            if (team := self._team(job)) is not None:
+                self._team_ledger.correct_run((team, level[1]), charge, 0.0, at)
         self.add(job, seq)
         self._refresh_level(level)
 
@@ -200,8 +200,8 @@ class FairShareRanking:
         """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
         level = (fair_share_member(job), self.policy.band(job.priority))
         self._ledger.correct_run(level, charged, used, start)
-        if job.team is not None:
-            self._team_ledger.correct_run((job.team, level[1]), charged, used, start)
+        if (team := self._team(job)) is not None:
+            self._team_ledger.correct_run((team, level[1]), charged, used, start)
         self._usage_changed(level)
 
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
@@ -356,8 +356,8 @@ class FairShareRanking:
         who = fair_share_member(job)
         if who != fair_share_member(other):
             level = (who, band)
-            team = job.team
-            if team is None or team != other.team:
+            team = self._team(job)
+            if team is None or team != self._team(other):
                 ledger, key = (self._ledger, level) if team is None else (self._team_ledger, (team, band))
                 weight, start = self._weights[who][0], self._team_start
             else:  # teammates: by their own keys, as inside the team
@@ -371,6 +371,10 @@ class FairShareRanking:
                 credit = max(bonus, start(job, band) - self._usage_start(job, level, credited))
         value = mine + credit
         return value > theirs or (value == theirs and local[1] < top[1])
+
+    def _team(self, job: Job) -> str | None:
+        """The job's team in the tree: its namespace, or the team ``fairShareTeams`` puts its member in."""
+        return self.policy.fair_share_team(job.team, job.member)
 
     def _weighted(self, clock: float | None, weight: float) -> float | None:
         """A usage clock for usage divided by ``weight``."""
@@ -387,7 +391,8 @@ class FairShareRanking:
         """The member's queue clock at the tree's upper level: its team's usage for its weight (a member
         without a team: its own usage for its own weight)."""
         level = (fair_share_member(job), band)
-        clock = self._ledger.clock(level) if job.team is None else self._team_ledger.clock((job.team, band))
+        team = self._team(job)
+        clock = self._ledger.clock(level) if team is None else self._team_ledger.clock((team, band))
         return self._usage_start(job, level, self._weighted(clock, self._weights[level[0]][0]))
 
     def _own_usage_key(self, job: Job, band: int) -> float:

@@ -140,8 +140,8 @@ def run_usage(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: --window: {err}") from None
 
     async def work(kube: Kube) -> int:
-        weights = (await _policy(kube)).fair_share_weights
-        rows = usage.usage(await _items(kube, "gpujobs"), await _items(kube, "gpulanes"), weights, time.time(), window)
+        policy = (await _policy(kube)).scoring()
+        rows = usage.usage(await _items(kube, "gpujobs"), await _items(kube, "gpulanes"), policy, time.time(), window)
         print(json.dumps(rows, indent=1) if args.output == "json" else usage.render_usage(rows, window))
         return 0
 

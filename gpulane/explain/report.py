@@ -277,7 +277,8 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
             lines.append(
                 f"Its score now: {format_score(ScoreBreakdown(s['priority'], s['tier'], s['affinity'], s['aging']))}."
             )
-        lines += _lent(meta["namespace"], lane_objs)
+        team = policy.fair_share_team(meta["namespace"], spec.get("member") or meta["namespace"])
+        lines += _lent(meta["namespace"], team or meta["namespace"], lane_objs, policy)
         return lines
     lines.append(
         f"It was dispatched at {clock(dispatched)} to lane {status.get('lane')} after {duration(dispatched - queued)}."
@@ -293,18 +294,21 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
     return lines
 
 
-def _lent(namespace: str, lane_objs: list[Body]) -> list[str]:
-    """For a waiting job: the lanes reserved for its namespace that another namespace's job borrows now. No job
-    is preempted, so the lane is its namespace's again once those jobs end."""
+def _lent(namespace: str, team: str, lane_objs: list[Body], policy: Policy) -> list[str]:
+    """For a waiting job: the lanes reserved for its team (its namespace, or its ``fairShareTeams`` team) that
+    another team's job borrows now (a running job's team by its namespace: the lane lists no members). No job is
+    preempted, so the lane is its team's again once those jobs end."""
     lines = []
     for lane in lane_objs:
         owners = ((lane.get("spec") or {}).get("reservedFor") or {}).get("namespaces") or []
-        borrowers = [j for j in (lane.get("status") or {}).get("running") or [] if j.split("/", 1)[0] != namespace]
-        if namespace in owners and borrowers:
+        running = (lane.get("status") or {}).get("running") or []
+        borrowers = [j for j in running if policy.fair_share_team(j.split("/", 1)[0], "") != team]
+        if team in owners and borrowers:
+            whose = f"namespace {team}" if team == namespace else f"team {team}"
             lines.append(
-                f"Lane {lane['metadata']['name']} is reserved for namespace {namespace}, and lent while it had nothing "
-                f"waiting: {', '.join(borrowers)} runs there and is not preempted; its namespace's jobs go first once "
-                "it ends (at most its maxRunSeconds)."
+                f"Lane {lane['metadata']['name']} is reserved for {whose}, and lent while it had nothing waiting: "
+                f"{', '.join(borrowers)} runs there and is not preempted; its {whose.split()[0]}'s jobs go first "
+                "once it ends (at most its maxRunSeconds)."
             )
     return lines
 

@@ -1,5 +1,6 @@
-"""What ``gpulane usage`` prints: each team's (namespace's) and member's GPU time over a window, beside the
-weight and the decayed usage that fair share ranks them by. Pure, as ``report``: objects in, rows out."""
+"""What ``gpulane usage`` prints: each team's (a namespace, or a GpuPolicy's ``fairShareTeams`` team) and member's
+GPU time over a window, beside the weight and the decayed usage that fair share ranks them by. Pure, as
+``report``: objects in, rows out."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import defaultdict
 
 from gpulane.api.contract import Body
 from gpulane.api.times import parse_time
-from gpulane.core.policy import FairShareWeights
+from gpulane.core.policy import Policy
 from gpulane.explain.report import duration, table
 
 ACTIVE = ("Dispatching", "Running")
@@ -38,35 +39,38 @@ def _latest(lanes: list[Body], field: str, who: str) -> dict[str, float]:
     return dict(out)
 
 
-def usage(jobs: list[Body], lanes: list[Body], weights: FairShareWeights, now: float, window: float) -> list[Body]:
-    """One row per namespace (the team), each with its members' rows, by GPU time in the window, most first."""
-    seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+def usage(jobs: list[Body], lanes: list[Body], policy: Policy, now: float, window: float) -> list[Body]:
+    """One row per team, each with its members' rows, by GPU time in the window, most first. A member is shown
+    as ``namespace/member`` when its namespace is not the team's name."""
+    seconds: dict[str, dict[tuple[str, str], float]] = defaultdict(lambda: defaultdict(float))
     for job in jobs:
         namespace = job["metadata"]["namespace"]
         member = (job.get("spec") or {}).get("member") or namespace
-        seconds[namespace][member] += held(job, now, window)
+        team = policy.fair_share_team(namespace, member) or namespace
+        seconds[team][(namespace, member)] += held(job, now, window)
     decayed_teams = _latest(lanes, "teamUsage", "namespace")
     decayed_members = _latest(lanes, "usage", "member")
+    weights = policy.fair_share_weights
     total = sum(sum(m.values()) for m in seconds.values()) or 1.0
     rows = []
-    for namespace, members in sorted(seconds.items(), key=lambda t: (-sum(t[1].values()), t[0])):
+    for team, members in sorted(seconds.items(), key=lambda t: (-sum(t[1].values()), t[0])):
         team_seconds = sum(members.values())
         rows.append(
             {
-                "namespace": namespace,
-                "weight": weights.namespaces.get(namespace, 1.0),
+                "team": team,
+                "weight": weights.namespaces.get(team, 1.0),
                 "gpuSeconds": team_seconds,
                 "share": team_seconds / total,
-                "usage": decayed_teams.get(namespace, 0.0),
+                "usage": decayed_teams.get(team, 0.0),
                 "members": [
                     {
-                        "member": member,
+                        "member": member if namespace == team else f"{namespace}/{member}",
                         "weight": weights.members.get(member, 1.0),
                         "gpuSeconds": used,
                         "share": used / (team_seconds or 1.0),
                         "usage": decayed_members.get(f"{namespace}/{member}", 0.0),
                     }
-                    for member, used in sorted(members.items(), key=lambda t: (-t[1], t[0]))
+                    for (namespace, member), used in sorted(members.items(), key=lambda t: (-t[1], t[0]))
                 ],
             }
         )
@@ -77,7 +81,7 @@ def render_usage(rows: list[Body], window: float) -> str:
     """The teams, each followed by its members indented; shares of all GPU time, then of the team's."""
     lines = []
     for team in rows:
-        lines.append([team["namespace"], "", f"{team['weight']:g}", duration(team["gpuSeconds"]),
+        lines.append([team["team"], "", f"{team['weight']:g}", duration(team["gpuSeconds"]),
                       f"{team['share']:.0%}", duration(team["usage"])])  # fmt: skip
         lines += [
             [
@@ -91,5 +95,5 @@ def render_usage(rows: list[Body], window: float) -> str:
             for m in team["members"]
         ]
     window_text = duration(window)
-    headers = ["NAMESPACE", "MEMBER", "WEIGHT", f"GPU TIME/{window_text}", "SHARE", "USAGE (DECAYED)"]
+    headers = ["TEAM", "MEMBER", "WEIGHT", f"GPU TIME/{window_text}", "SHARE", "USAGE (DECAYED)"]
     return table(headers, lines)

@@ -300,3 +300,30 @@ def test_a_chain_records_its_author_in_both_modes_and_nobody_rewrites_it(
                                             *dora, check=False)  # fmt: skip
             assert rewrite.returncode != 0 and "cannot change" in rewrite.stderr, (ns, rewrite.stderr)
             world.cluster.kubectl("delete", "gpuchain", "film", "-n", ns)
+
+
+def test_the_apiserver_refuses_fair_share_teams_the_operator_could_not_use(world: World) -> None:
+    """Without a webhook, the apiserver's own checks refuse a GpuPolicy whose fairShareTeams name no team, list
+    an entry that is neither a namespace nor namespace/member, or need usage under turns (issue 37)."""
+    cluster, tag = world.cluster, uuid.uuid4().hex[:6]
+    policies_ = cel.manifests(f"gpulane-e2e-{tag}", (OPERATOR_USER,), {LABEL: f"policy-{tag}"})
+    with contextlib.ExitStack() as undo:
+        for doc in policies_:
+            undo.callback(cluster.kubectl, "delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found")
+        undo.callback(cluster.kubectl, "delete", "gpupolicy", "default", "--ignore-not-found")
+        world.apply(*policies_)
+
+        def refusal(spec: dict[str, Any]) -> str:
+            doc = {"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"}, "spec": spec}
+            proc = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+            return proc.stderr if proc.returncode else ""
+
+        # The policies take a moment to load: the first refusal is waited for.
+        said = wait_until(lambda: refusal({"fairShareTeams": {"Studio": ["studio-a"]}}), timeout=30,
+                          what="the policy rules in effect")  # fmt: skip
+        assert "every team name is a namespace's name" in said, said
+        said = refusal({"fairShareTeams": {"studio": ["studio-a/ui/ann"]}})
+        assert "fairShareTeams.studio[0]" in said and "should match" in said, said  # the schema's
+        said = refusal({"fairShare": "turns", "fairShareTeams": {"studio": ["studio-a"]}})
+        assert "they need fairShare: usage" in said, said
+        assert refusal({"fairShareTeams": {"studio": ["studio-a", "gpulane-system/ui"]}}) == ""

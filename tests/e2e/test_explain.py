@@ -76,7 +76,7 @@ def test_why_names_the_jobs_that_ran_ahead_and_the_term_and_survives_a_restart(
     # Four jobs ran in this namespace: its GPU time in the last hour, per member, and the decayed usage the
     # lane's status keeps (issue 37's gpulane usage).
     rows = json.loads(kubectl_gpulane(cluster, "usage", "--window", "1h", "-o", "json"))
-    [mine] = [r for r in rows if r["namespace"] == world.namespace]
+    [mine] = [r for r in rows if r["team"] == world.namespace]
     assert {m["member"] for m in mine["members"]} == {"z", "x", "yb", "yt"}
     assert mine["gpuSeconds"] > 0 and mine["usage"] > 0 and mine["weight"] == 1
     assert world.namespace in kubectl_gpulane(cluster, "usage")

@@ -30,51 +30,60 @@ def running(custom: client.CustomObjectsApi, namespaces: list[str]) -> list[tupl
     return out
 
 
+def policy_in_effect(world: World, spec: dict[str, object]) -> None:
+    world.apply({"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"}, "spec": spec})
+    generation = world.custom.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default")["metadata"][
+        "generation"
+    ]
+    wait_until(
+        lambda: any(c["type"] == "Accepted" and c["status"] == "True" and c.get("observedGeneration") == generation
+                    for c in world.cluster_status("gpupolicies", "default").get("conditions", [])),
+        what="the policy in effect",
+    )  # fmt: skip
+
+
+def serve_backlog(world: World, jobs: list[tuple[str, str, str]]) -> list[str]:
+    """Behind a blocker, ``jobs`` (namespace, name, member) all wait in the batch band; then the test, as their
+    executor, holds each for the same time. Returns the order they ran in, as namespace/name."""
+    world.lane()
+    model = world.model("sdxl")
+    world.job("blocker", model, member="zed")
+    world.wait_phase("blocker", "Running")
+    docs = []
+    for ns, name, member in jobs:
+        doc = world.job_doc(name, model, member=member, priority="batch")
+        doc["metadata"]["namespace"] = ns
+        docs.append(doc)
+    world.apply(*docs)
+    world.complete("blocker")
+    namespaces = sorted({ns for ns, _, _ in jobs})
+    order: list[str] = []
+    deadline = time.monotonic() + 120
+    while len(order) < len(jobs):
+        assert time.monotonic() < deadline, f"only {order} ran"
+        for ns, name in running(world.custom, namespaces):
+            if name == "blocker":
+                continue
+            key = f"{ns}/{name}"
+            if key not in order:
+                order.append(key)
+            time.sleep(HOLD_SECONDS)
+            world.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, ns, "gpujobs", name,
+                [{"op": "test", "path": "/status/phase", "value": "Running"},
+                 {"op": "replace", "path": "/status/phase", "value": "Succeeded"}],
+                _content_type="application/json-patch+json",
+            )  # fmt: skip
+        time.sleep(0.05)
+    return order
+
+
 def test_namespace_weights_share_the_gpu_two_to_one(world: World, operator: OperatorProcess) -> None:
     paid, trial = world.namespace, world.name("trial")
     world.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=trial)))
-    policy = {"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"},
-              "spec": {"fairShareWeights": {"namespaces": {paid: 2}}}}  # fmt: skip
-    world.apply(policy)
     try:
-        generation = world.custom.get_cluster_custom_object(GROUP, VERSION, "gpupolicies", "default")["metadata"][
-            "generation"
-        ]
-        wait_until(
-            lambda: any(c["type"] == "Accepted" and c["status"] == "True" and c.get("observedGeneration") == generation
-                        for c in world.cluster_status("gpupolicies", "default").get("conditions", [])),
-            what="the weighted policy in effect",
-        )  # fmt: skip
-        world.lane()
-        model = world.model("sdxl")
-        world.job("blocker", model, member="zed")
-        world.wait_phase("blocker", "Running")
-        docs = []
-        for i in range(JOBS):
-            for ns in (paid, trial):
-                doc = world.job_doc(f"job-{i}", model, member="one", priority="batch")
-                doc["metadata"]["namespace"] = ns
-                docs.append(doc)
-        world.apply(*docs)
-        world.complete("blocker")
-        order: list[str] = []
-        deadline = time.monotonic() + 120
-        while len(order) < 2 * JOBS:
-            assert time.monotonic() < deadline, f"only {order} ran"
-            for ns, name in running(world.custom, [paid, trial]):
-                if name == "blocker":
-                    continue
-                key = f"{ns}/{name}"
-                if key not in order:
-                    order.append(key)
-                time.sleep(HOLD_SECONDS)
-                world.custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, "gpujobs", name,
-                    [{"op": "test", "path": "/status/phase", "value": "Running"},
-                     {"op": "replace", "path": "/status/phase", "value": "Succeeded"}],
-                    _content_type="application/json-patch+json",
-                )  # fmt: skip
-            time.sleep(0.05)
+        policy_in_effect(world, {"fairShareWeights": {"namespaces": {paid: 2}}})
+        order = serve_backlog(world, [(ns, f"job-{i}", "one") for i in range(JOBS) for ns in (paid, trial)])
         # While both wait (the first 12 dispatches: paid has 9 jobs), paid gets two turns for trial's one.
         first = order[:12]
         assert sum(1 for key in first if key.startswith(f"{paid}/")) in (7, 8, 9), order
@@ -84,6 +93,23 @@ def test_namespace_weights_share_the_gpu_two_to_one(world: World, operator: Oper
     finally:
         world.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
         world.cluster.kubectl("delete", "namespace", trial, "--ignore-not-found", "--wait=false")
+
+
+def test_a_trusted_keys_users_mapped_to_a_team_share_one_share(world: World, operator: OperatorProcess) -> None:
+    """As the bridge writes them: a trusted key's users are members ``ui/<user>`` in the bridge's namespace, beside
+    another key's member. fairShareTeams gives the key a team of its own: its three users share half the GPU."""
+    ns, team = world.namespace, world.name("ui")
+    try:
+        policy_in_effect(world, {"fairShareTeams": {team: [f"{ns}/ui"]}})
+        members = ["ui/ann", "ui/ben", "ui/cai", "bob"]
+        order = serve_backlog(world, [(ns, f"job-{i}-{m.replace('/', '-')}", m) for i in range(4) for m in members])
+        first = order[:8]  # unmapped, bob would get a quarter of them: two
+        assert sum(1 for key in first if key.endswith("-bob")) in (3, 4, 5), order
+        lane_status = world.cluster_status("gpulanes", world.name("lane"))
+        teams = {e["namespace"] for e in lane_status.get("teamUsage", [])}
+        assert {team, ns} <= teams, lane_status.get("teamUsage")
+    finally:
+        world.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")
 
 
 def test_a_model_pinned_by_its_lane_selector_never_runs_elsewhere(world: World, operator: OperatorProcess) -> None:

@@ -110,3 +110,17 @@ def test_lanes_count_swaps_dispatches_and_use_over_the_hour():
 def test_helpers_format_like_kubectl():
     assert [duration(s) for s in (0, 59, 61, 3700, None)] == ["0s", "59s", "1m01s", "1h01m", "-"]
     assert table(["A", "LONG"], [["xx", "y"]]) == "A    LONG\nxx   y"
+
+
+def test_why_names_a_lane_reserved_for_the_jobs_team_and_lent_to_another():
+    """A lane reserved for team ``lab``, which fairShareTeams gives namespace ns: a job of ns waits while another
+    namespace's job borrows it; a job of lab's own namespace does not count as a borrower."""
+    lane = {"metadata": {"name": "gpu-0"}, "spec": {"reservedFor": {"namespaces": ["lab"]}},
+            "status": {"running": ["apps/borrower"]}}  # fmt: skip
+    policy = Policy(fairShareTeams={"lab": ["ns"]})
+    text = "\n".join(why(gpujob("waiting", position=1), [lane], policy, T0 + 60))
+    assert "Lane gpu-0 is reserved for team lab, and lent while it had nothing waiting: apps/borrower" in text
+    assert "its team's jobs go first" in text
+    lane["status"]["running"] = ["lab/teammate"]  # type: ignore[index]
+    assert "reserved for" not in "\n".join(why(gpujob("waiting", position=1), [lane], policy, T0 + 60))
+    assert "reserved for" not in "\n".join(why(gpujob("waiting", position=1), [lane], Policy(), T0 + 60))

@@ -373,6 +373,44 @@ def test_a_team_does_not_gain_by_splitting_into_members():
     assert split["dan"] == pytest.approx(0.25, abs=0.03)
 
 
+def test_a_trusted_keys_users_share_its_share_once_fair_share_teams_map_the_key():
+    """The bridge's namespace holds every key's jobs; a trusted key's users (``ui/<user>``) are members there, so
+    three of them against one other key took three quarters. Mapped to a team of its own, the key's users share
+    half; mapped into the research namespace's team, they share that team's half with its members."""
+    members = {"ui/ann": "gpulane-system", "ui/ben": "gpulane-system", "ui/cai": "gpulane-system",
+               "bob": "gpulane-system"}  # fmt: skip
+    unmapped = team_shares(USAGE, members)
+    assert unmapped["bob"] == pytest.approx(0.25, abs=0.03)
+    own = team_shares(Policy(fairShareTeams={"ui": ["gpulane-system/ui"]}), members)
+    assert own["bob"] == pytest.approx(0.5, abs=0.03)
+    assert own["ui/ann"] == pytest.approx(own["ui/cai"], abs=0.03)  # and fair among themselves
+    joined = team_shares(Policy(fairShareTeams={"research": ["gpulane-system/ui"]}), members | {"rae": "research"})
+    assert joined["bob"] == pytest.approx(0.5, abs=0.03) and joined["rae"] == pytest.approx(0.125, abs=0.03)
+
+
+def test_fair_share_teams_join_namespaces_and_take_their_weight_by_the_teams_name():
+    policy = Policy(fairShareTeams={"studio": ["studio-a", "studio-b"]}, fairShareWeights={"namespaces": {"studio": 2}})
+    shares = team_shares(policy, {"ann": "studio-a", "ben": "studio-b", "dan": "solo"})
+    assert shares["dan"] == pytest.approx(1 / 3, abs=0.03) and shares["ann"] == pytest.approx(1 / 3, abs=0.03)
+
+
+@pytest.mark.parametrize(
+    ("teams", "message"),
+    [
+        ({"Research": ["a"]}, "'Research' is not a team name"),
+        ({"r": ["a/b/c"]}, r"'a/b/c' is neither a namespace nor namespace/member"),
+        ({"r": ["a/"]}, "neither a namespace"),
+        ({"r": ["Bad_ns"]}, "neither a namespace"),
+        ({"r": ["a"], "s": ["a"]}, "'a' is in two teams, 'r' and 's'"),
+    ],
+)
+def test_bad_fair_share_teams_are_refused_with_a_clear_message(teams, message):
+    with pytest.raises(ValidationError, match=message):
+        Policy.model_validate({"fairShareTeams": teams})
+    with pytest.raises(ValidationError, match="need fairShare: usage"):
+        Policy.model_validate({"fairShare": "turns", "fairShareTeams": {"r": ["a"]}})
+
+
 def test_a_job_cancelled_after_it_ran_is_charged_what_it_ran():
     """A job charged its expected 600 s at dispatch and cancelled 100 s in counts 100 s, not 600 and not 0."""
     d, clock = dispatcher(lanes={"gpu-0": "m"}, policy=USAGE, models=[ModelSpec("m", run_seconds=600)])

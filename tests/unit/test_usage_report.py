@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulane.core.policy import FairShareWeights
+from gpulane.core.policy import Policy
 from gpulane.explain.usage import held, render_usage, usage
 
 NOW = 1_800_000_000.0
@@ -44,8 +44,8 @@ def test_teams_then_members_with_weights_shares_and_decayed_usage():
            ((500.0, 10), (400.0, 60))]  # fmt: skip
     team = {"namespace": "studio", "band": 0, "gpuSeconds": 800.0, "at": stamp(10)}
     lanes = [{"status": {"teamUsage": [team], "usage": ann}}]
-    rows = usage(jobs, lanes, FairShareWeights(namespaces={"studio": 2}), NOW, HOUR)
-    assert [(r["namespace"], r["gpuSeconds"], r["weight"]) for r in rows] == [("studio", 900, 2), ("solo", 800, 1)]
+    rows = usage(jobs, lanes, Policy(fairShareWeights={"namespaces": {"studio": 2}}), NOW, HOUR)
+    assert [(r["team"], r["gpuSeconds"], r["weight"]) for r in rows] == [("studio", 900, 2), ("solo", 800, 1)]
     studio = rows[0]
     assert studio["share"] == pytest.approx(900 / 1700) and studio["usage"] == 800.0
     assert [(m["member"], m["gpuSeconds"], m["usage"]) for m in studio["members"]] == [
@@ -53,5 +53,16 @@ def test_teams_then_members_with_weights_shares_and_decayed_usage():
         ("ben", 300, 0.0),
     ]
     text = render_usage(rows, HOUR)
-    assert text.splitlines()[0].split()[:4] == ["NAMESPACE", "MEMBER", "WEIGHT", "GPU"]
+    assert text.splitlines()[0].split()[:4] == ["TEAM", "MEMBER", "WEIGHT", "GPU"]
     assert "67% of team" in text and "15m00s" in text
+
+
+def test_a_fair_share_team_is_one_row_with_its_namespaces_members():
+    """fairShareTeams puts key ``ui`` of the bridge's namespace in team ``lab`` with namespace lab: one row, whose
+    members say their namespace where it is not the team's name."""
+    jobs = [job("lab", "rae", "Succeeded", 3000, 2400), job("gpulane-system", "ui/ann", "Succeeded", 2400, 2100),
+            job("gpulane-system", "bob", "Succeeded", 2000, 1900)]  # fmt: skip
+    policy = Policy(fairShareTeams={"lab": ["gpulane-system/ui"]}, fairShareWeights={"namespaces": {"lab": 3}})
+    rows = usage(jobs, [], policy, NOW, HOUR)
+    assert [(r["team"], r["gpuSeconds"], r["weight"]) for r in rows] == [("lab", 900, 3), ("gpulane-system", 100, 1)]
+    assert [m["member"] for m in rows[0]["members"]] == ["rae", "gpulane-system/ui/ann"]
