@@ -13,10 +13,10 @@ def overdue(view: JobView, now: float, observed: Observed) -> tuple[str, str] | 
     """``(reason, message)`` if the job must fail now, else None."""
     limits = observed.run_limits
     ran = now - view.started_at if view.state == JobState.RUNNING and view.started_at is not None else None
-    limit = limits.limit(view.max_run)
+    limit, where = limits.limit(view.max_run, view.namespace, view.job.member)
     if ran is not None and ran > limit:
-        where = "maxRunSeconds" if view.max_run is not None and view.max_run <= limit else "the GpuPolicy's runLimits"
-        return "DeadlineExceeded", f"ran longer than {limit}s ({where})"
+        said = where if where == "maxRunSeconds" else f"the GpuPolicy's {where}"
+        return "DeadlineExceeded", f"ran longer than {limit}s ({said})"
     grace = limits.executor_grace_seconds
     late = ran is not None and grace and ran > grace
     if view.executor_lease is None:

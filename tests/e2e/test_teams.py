@@ -172,3 +172,21 @@ def test_a_reserved_lane_lends_itself_and_takes_its_owners_job_next(
         wait_until(lambda: phase(apps, "borrower-2") == "Running", what="the lane lent again")
     finally:
         world.cluster.kubectl("delete", "namespace", apps, "--ignore-not-found", "--wait=false")
+
+
+def test_a_namespaces_run_ceiling_ends_its_jobs_whatever_they_ask(world: World, operator: OperatorProcess) -> None:
+    ns = world.namespace
+    try:
+        policy_in_effect(world, {"runLimits": {"namespaceMaxSeconds": {ns: 2}, "memberMaxSeconds": {"other": 1}}})
+        world.lane()
+        model = world.model("sdxl")
+        world.job("long", model, maxRunSeconds=600)
+        world.job("next", model)
+        world.wait_phase("long", "Running")
+        failed = world.wait_phase("long", "Failed", timeout=20)
+        assert failed["reason"] == "DeadlineExceeded", failed
+        assert failed["message"] == f"ran longer than 2s (the GpuPolicy's runLimits.namespaceMaxSeconds[{ns}])"
+        world.wait_phase("next", "Running")
+        world.complete("next")
+    finally:
+        world.cluster.kubectl("delete", "gpupolicy", "default", "--ignore-not-found")

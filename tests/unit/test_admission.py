@@ -279,6 +279,19 @@ def test_a_policy_whose_default_run_limit_is_above_its_ceiling_is_refused() -> N
         GpuPolicySpec.model_validate({"runLimits": {"defaultSeconds": 7200, "maxSeconds": 600}})
 
 
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"namespaceMaxSeconds": {"farm": 0}}, r"runLimits\.namespaceMaxSeconds\['farm'\] must be 1 to 604800 seconds"),
+        ({"memberMaxSeconds": {"ann": 10**9}}, r"runLimits\.memberMaxSeconds\['ann'\] must be 1 to 604800 seconds"),
+        ({"memberMaxSeconds": {"ann": True}}, r"runLimits\.memberMaxSeconds\.ann\n  Input should be a valid integer"),
+    ],
+)
+def test_a_policy_with_a_namespaces_or_members_run_ceiling_out_of_range_is_refused(limits, message) -> None:
+    with pytest.raises(ValidationError, match=message):
+        GpuPolicySpec.model_validate({"runLimits": limits})
+
+
 def test_with_default_member_namespace_jobs_count_against_their_namespace() -> None:
     """Issue 16, item 16: a namespace's ServiceAccounts share one fair share instead of one each."""
     by_namespace = admission(defaultMember="namespace")

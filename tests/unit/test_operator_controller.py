@@ -929,24 +929,31 @@ def test_deadline_fails_a_running_job_with_a_tested_patch():
     asyncio.run(scenario())
 
 
-def run_limits(w: World, **limits: int) -> None:
+def run_limits(w: World, **limits: Any) -> None:
     body = w.kube.put("gpupolicies", {"metadata": {"name": "default", "generation": 2}, "spec": {"runLimits": limits}})
     w.ctl.policy_event("ADDED", body)
 
 
 @pytest.mark.parametrize(
-    ("spec", "limit", "where"),
-    [({}, 120, "the GpuPolicy's runLimits"), ({"maxRunSeconds": 10_000}, 600, "the GpuPolicy's runLimits"),
-     ({"maxRunSeconds": 60}, 60, "maxRunSeconds")],
+    ("spec", "scoped", "limit", "where"),
+    [({}, {}, 120, "the GpuPolicy's runLimits.defaultSeconds"),
+     ({"maxRunSeconds": 10_000}, {}, 600, "the GpuPolicy's runLimits.maxSeconds"),
+     ({"maxRunSeconds": 60}, {}, 60, "maxRunSeconds"),
+     # Issue 37: lower ceilings for a namespace or a member, whatever the job or the default says.
+     ({}, {"namespaceMaxSeconds": {NS: 90}}, 90, f"the GpuPolicy's runLimits.namespaceMaxSeconds[{NS}]"),
+     ({"maxRunSeconds": 500, "member": "ann"}, {"namespaceMaxSeconds": {NS: 90}, "memberMaxSeconds": {"ann": 30}},
+      30, "the GpuPolicy's runLimits.memberMaxSeconds[ann]"),
+     ({"maxRunSeconds": 500, "member": "bob"}, {"memberMaxSeconds": {"ann": 30}, "namespaceMaxSeconds": {"x": 9}},
+      500, "maxRunSeconds")],
 )  # fmt: skip
 def test_the_policys_run_limits_end_jobs_without_a_deadline_and_cap_long_ones(
-    spec: dict[str, Any], limit: int, where: str
+    spec: dict[str, Any], scoped: dict[str, Any], limit: int, where: str
 ):
     """Issue 16, item 1: a job with no maxRunSeconds (or a huge one) cannot hold the lane forever."""
 
     async def scenario() -> None:
         w = World()
-        run_limits(w, defaultSeconds=120, maxSeconds=600, executorGraceSeconds=0)
+        run_limits(w, defaultSeconds=120, maxSeconds=600, executorGraceSeconds=0, **scoped)
         await w.warm("j1", **spec)
         w.clock.now += limit
         await _one_tick(w)
