@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated, ModelLoaded, UsageRestored
+from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated, ModelLoaded, TeamUsageRestored, UsageRestored
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 
@@ -329,17 +329,33 @@ def test_a_resident_models_job_goes_ahead_of_a_usage_lead_worth_less_than_a_swap
     lo_usage=st.floats(0, 1e6),
     hi_usage=st.floats(0, 1e6),
     lo_warm=st.booleans(),
+    lo_weight=st.floats(0.001, 1000),
+    hi_weight=st.floats(0.001, 1000),
+    teams=st.sampled_from(["none", "apart", "together", "mapped"]),
 )
-def test_bands_beat_tier_affinity_and_usage_together(gap, lo_tier, hi_tier, lo_usage, hi_usage, lo_warm):
+def test_bands_beat_tier_affinity_and_usage_together(
+    gap, lo_tier, hi_tier, lo_usage, hi_usage, lo_warm, lo_weight, hi_weight, teams
+):
     """The band invariant under usage: a job one or more bands up goes first whatever the tier, the resident
-    model and the two members' GPU usage (equal waits, so aging plays no part)."""
-    d, clock = dispatcher(lanes={"gpu-0": "warm"}, policy=USAGE)
+    model, the two members' GPU usage, their and their teams' weights, and how the teams are drawn (equal
+    waits, so aging plays no part)."""
+    team_of = {"none": (None, None), "apart": ("lo-ns", "hi-ns"), "together": ("ns", "ns"),
+               "mapped": ("lo-ns", "hi-ns")}[teams]  # fmt: skip
+    weights = {"members": {"lo": lo_weight, "hi": hi_weight}, "namespaces": {"lo-ns": lo_weight}}
+    mapped = {"lo-ns": ["hi-ns/hi"]} if teams == "mapped" else {}
+    policy = Policy(loadYield=False, fairShareWeights=weights, fairShareTeams=mapped)
+    d, clock = dispatcher(lanes={"gpu-0": "warm"}, policy=policy)
     submit(d, clock, "blocker", model="warm", member="x")
     d.handle(ModelLoaded("gpu-0", "warm"))
-    d.handle(UsageRestored("lo", -100, lo_usage, 0.0))
-    d.handle(UsageRestored("hi", -100 + 100 * gap, hi_usage, 0.0))
-    submit(d, clock, "lo-job", model="warm" if lo_warm else "cold", priority=-100, tier=lo_tier, member="lo")
-    submit(d, clock, "hi-job", model="cold", priority=-100 + 100 * gap, tier=hi_tier, member="hi")
+    levels = (("lo", team_of[0], -100, lo_usage), ("hi", team_of[1], -100 + 100 * gap, hi_usage))
+    for member, team, band, usage in levels:
+        d.handle(UsageRestored(member if team is None else f"{team}/{member}", band, usage, 0.0))
+        if team is not None:
+            d.handle(TeamUsageRestored(policy.fair_share_team(team, member) or team, band, usage, 0.0))
+    lo = Job("lo-job", "warm" if lo_warm else "cold", -100, lo_tier, "lo", clock.now, team=team_of[0])
+    hi = Job("hi-job", "cold", -100 + 100 * gap, hi_tier, "hi", clock.now, team=team_of[1])
+    d.handle(JobSubmitted(lo))
+    d.handle(JobSubmitted(hi))
     clock.now = 60.0
     assert names(d.handle(JobFinished("blocker"))) == ["hi-job"]
 
