@@ -183,11 +183,12 @@ class Kube:
 
     # -- reads ----------------------------------------------------------------------------------
 
-    async def list_cluster(self, plural: str) -> list[Body]:
-        """Every object of ``plural``, ``LIST_PAGE`` at a time: each page gets the request timeout, so that
-        100,000 finished jobs with their stories never make one call that cannot end in time."""
+    async def list_cluster(self, plural: str, selector: str = "") -> list[Body]:
+        """Every object of ``plural`` (matching the label ``selector``), ``LIST_PAGE`` at a time: each page gets
+        the request timeout, so that 100,000 finished jobs with their stories never make one call that cannot
+        end in time."""
         items: list[Body] = []
-        page: dict[str, Any] = {"limit": LIST_PAGE}
+        page: dict[str, Any] = {"limit": LIST_PAGE, "label_selector": selector}
         while True:
             result = await self._call(self.custom.list_cluster_custom_object, GROUP, VERSION, plural, **page)
             items += result.get("items", [])
@@ -195,8 +196,8 @@ class Kube:
             if not page["_continue"]:
                 return items
 
-    async def list_jobs(self) -> list[Body]:
-        return await self.list_cluster("gpujobs")  # all namespaces
+    async def list_jobs(self, selector: str = "") -> list[Body]:
+        return await self.list_cluster("gpujobs", selector)  # all namespaces
 
     async def list_namespaced_jobs(self, namespace: str, selector: str) -> list[Body]:
         return await self.list_namespaced("gpujobs", namespace, selector)
@@ -281,16 +282,14 @@ class Kube:
         return body
 
     async def patch_job(self, namespace: str, name: str, patch: Patch) -> Body:
+        return await self.patch_namespaced("gpujobs", namespace, name, patch, kind="job-metadata")
+
+    async def patch_namespaced(self, plural: str, namespace: str, name: str, patch: Patch, kind: str = "") -> Body:
+        """A patch of a namespaced object's metadata or spec (a GpuJob's finalizers, a shard's label)."""
         body: Body = await self._write(
-            "job-metadata",
-            self.custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            namespace,
-            "gpujobs",
-            name,
-            patch,
-        )
+            kind or f"{plural}-metadata", self.custom.patch_namespaced_custom_object, GROUP, VERSION, namespace,
+            plural, name, patch,
+        )  # fmt: skip
         return body
 
     async def patch_cluster_status(self, plural: str, name: str, patch: Patch) -> Body:

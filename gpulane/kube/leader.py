@@ -141,22 +141,22 @@ class FencedLeaseLock(LeaseLock):
         return await self._held(super().update(name, namespace, updated_record))
 
 
-async def release(api: ApiClient, namespace: str, identity: str, timing: Timing) -> bool:
+async def release(api: ApiClient, namespace: str, identity: str, timing: Timing, lease_name: str = LEASE_NAME) -> bool:
     """Give the Lease up if this replica still holds it: its holder is cleared, which a standby takes at its
     next try. Call it only once this replica's writes have stopped. The replace carries the Lease's
     resourceVersion, so a Lease another replica took meanwhile is never cleared."""
     leases = client.CoordinationV1Api(api)
     try:
-        lease = await asyncio.wait_for(leases.read_namespaced_lease(LEASE_NAME, namespace), timing.retry_seconds)
+        lease = await asyncio.wait_for(leases.read_namespaced_lease(lease_name, namespace), timing.retry_seconds)
         if lease.spec is None or lease.spec.holder_identity != identity:
             return False
         lease.spec.holder_identity = None
         lease.spec.renew_time = None
-        await asyncio.wait_for(leases.replace_namespaced_lease(LEASE_NAME, namespace, lease), timing.retry_seconds)
+        await asyncio.wait_for(leases.replace_namespaced_lease(lease_name, namespace, lease), timing.retry_seconds)
     except Exception as err:  # the Lease then passes at its expiry, as after a kill
-        log.warning("%s could not release the Lease %s/%s: %r", identity, namespace, LEASE_NAME, err)
+        log.warning("%s could not release the Lease %s/%s: %r", identity, namespace, lease_name, err)
         return False
-    log.info("%s released the Lease %s/%s", identity, namespace, LEASE_NAME)
+    log.info("%s released the Lease %s/%s", identity, namespace, lease_name)
     return True
 
 
@@ -168,15 +168,16 @@ async def campaign(
     fence: Fence,
     on_lead: Callable[[], None],
     on_lost: Callable[[], None],
+    lease_name: str = LEASE_NAME,
 ) -> asyncio.Task[None]:
     """Campaign for the Lease and return once this replica leads (``on_lead`` called). The returned task
     keeps renewing it; once a renewal fails for the renew deadline, it closes the fence and calls
     ``on_lost``."""
-    lock = FencedLeaseLock(LEASE_NAME, namespace, identity, api, fence, timing)
+    lock = FencedLeaseLock(lease_name, namespace, identity, api, fence, timing)
     leading = asyncio.Event()
 
     async def started() -> None:
-        log.info("%s leads (Lease %s/%s)", identity, namespace, LEASE_NAME)
+        log.info("%s leads (Lease %s/%s)", identity, namespace, lease_name)
         on_lead()
         leading.set()
         await asyncio.Event().wait()  # cancelled by the library when the Lease is lost
@@ -186,7 +187,7 @@ async def campaign(
             return  # stepped down already
         leading.clear()
         fence.close()
-        log.error("%s lost the Lease %s/%s: it stops writing and exits", identity, namespace, LEASE_NAME)
+        log.error("%s lost the Lease %s/%s: it stops writing and exits", identity, namespace, lease_name)
         on_lost()
 
     async def elect() -> None:

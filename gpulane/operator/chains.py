@@ -22,6 +22,7 @@ from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.chains import ATTEMPT_LABEL, CHAIN_LABEL, STEP_LABEL, ChainStep, GpuChainSpec, GpuChainStatus
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION
+from gpulane.api.shards import SHARD_LABEL, shard_of
 from gpulane.api.times import format_time, parse_time
 from gpulane.core.chains import (
     ChainRules,
@@ -87,6 +88,8 @@ def step_manifest(chain: Body, spec: GpuChainSpec, index: int, attempt: int) -> 
     owner = {"apiVersion": API_VERSION, "kind": "GpuChain", "name": meta["name"], "uid": meta["uid"],
              "controller": True, "blockOwnerDeletion": True}  # fmt: skip
     labels = {CHAIN_LABEL: meta["name"], STEP_LABEL: str(index), ATTEMPT_LABEL: str(attempt)}
+    if (shard := shard_of(chain)) is not None:  # its steps are in its shard's watch from the start
+        labels[SHARD_LABEL] = shard
     job_meta = {"name": step_name(meta["name"], index, attempt), "namespace": meta["namespace"], "labels": labels,
                 "ownerReferences": [owner], "finalizers": [FINALIZER]}  # fmt: skip
     return {"apiVersion": API_VERSION, "kind": "GpuJob", "metadata": job_meta, "spec": job_spec}
@@ -95,12 +98,14 @@ def step_manifest(chain: Body, spec: GpuChainSpec, index: int, attempt: int) -> 
 class Chains:
     def __init__(self, kube: Kube, clock: Callable[[], float], spawn: Callable[[Coroutine[Any, Any, Any]], None],
                  run_seconds: Callable[[str], float],
-                 rules: Callable[[], tuple[AdmissionPolicy, Policy]]) -> None:  # fmt: skip
+                 rules: Callable[[], tuple[AdmissionPolicy, Policy]],
+                 hand_over: Callable[[Body], bool] = lambda chain: False) -> None:  # fmt: skip
         self.kube = kube
         self.clock = clock
         self.spawn = spawn
         self.run_seconds = run_seconds  # a model's learned run time: a step's, for the ETA
         self.rules = rules  # the GpuPolicy's admission rules and scoring in force: each step is judged by them
+        self.hand_over = hand_over  # sends a chain whose model is another shard's on to it (True if it did)
         self._judged: dict[Key, str] = {}  # the last StepJudged message posted, to post only changes
         self.chains: dict[Key, Body] = {}
         self.steps: dict[Key, dict[str, StepJob]] = {}
@@ -119,6 +124,8 @@ class Chains:
             self._locks.pop(key, None)
             self._written.pop(key, None)
             self._judged.pop(key, None)
+            return
+        if key not in self.chains and self.hand_over(body):
             return
         known = self.chains.get(key)
         self.chains[key] = body

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec
+from gpulane.api.shards import Shard
 from gpulane.api.times import format_duration, format_time
 from gpulane.core.dispatcher import Dispatcher, DispatchError
 from gpulane.core.events import (
@@ -46,13 +47,9 @@ from gpulane.operator.nodes import lane_node_problem
 from gpulane.operator.observed import Observed
 from gpulane.operator.retention import Expiries
 from gpulane.operator.settings import Settings
+from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import (
-    Refusal,
-    job_from_body,
-    job_key,
-    policy_refusal,
-)
+from gpulane.operator.translate import Refusal, job_from_body, job_key, policy_refusal
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +72,7 @@ class Controller:
         self.metrics = Metrics(lambda: queue_snapshot(self.dispatcher, self.clock()))
         kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
         self.writes = JobWrites(kube, clock, self.spawn)
+        self.router = Router(Shard(self.settings.shard), kube, clock, self.spawn)  # the models of other shards
         self.status = StatusWriter(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -174,6 +172,8 @@ class Controller:
             self._cancel(view)
 
     def _admit(self, body: Body) -> None:
+        if self.router.hand_over("gpujobs", body):  # its model is another shard's
+            return
         full = self.jobs.full(body, self.observed.pending_cap, self.observed.member_pending_cap)
         result = full or job_from_body(body, self.dispatcher.policy, self.clock(), self.jobs.arrivals)
         if isinstance(result, Refusal):

@@ -17,6 +17,7 @@ from kubernetes.aio.client import ApiClient
 
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.resources import GROUP, VERSION
+from gpulane.api.shards import Shard
 from gpulane.kube import leader
 from gpulane.kube.client import Kube
 from gpulane.kube.login import credentials
@@ -47,7 +48,10 @@ class NoDiffBase(kopf.DiffBaseStorage):
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.posting.enabled = False  # gpulane posts its own Events, counted with its other writes
     settings.persistence.diffbase_storage = NoDiffBase()
-    settings.watching.label_selectors["", "pods"] = BACKEND_SELECTOR
+    shard = Shard(memo.settings.get("shard"))
+    settings.watching.label_selectors["", "pods"] = f"{BACKEND_SELECTOR},{shard.selector}"
+    for plural in ("gpujobs", "gpuchains", "gpulanes"):  # every shard sees every GpuModel: where its jobs go
+        settings.watching.label_selectors[GROUP, plural] = shard.selector
     settings.watching.label_selectors["coordination.k8s.io", "leases"] = EXECUTOR_SELECTOR
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330  # a watch the apiserver silently dropped is noticed and reopened
@@ -59,7 +63,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ctl: Controller = memo.controller
     if memo.get("chains") is None:
         memo.chains = Chains(ctl.kube, ctl.clock, ctl.spawn, lambda model: ctl.dispatcher.model(model).run_seconds,
-                             lambda: (ctl.observed.admission, ctl.dispatcher.policy))  # fmt: skip
+                             lambda: (ctl.observed.admission, ctl.dispatcher.policy),
+                             lambda chain: ctl.router.hand_over("gpuchains", chain))  # fmt: skip
     if memo.get("health") is None:
         # A standby is ready too: it stands by, as it should (the leader's /readyz says the state is rebuilt).
         memo.health = await health.serve(memo.host, memo.port, ctl.metrics.registry, lambda: _ready(ctl, memo))
@@ -95,9 +100,10 @@ async def _elected(ctl: Controller, memo: kopf.Memo) -> asyncio.Task[None]:
         ctl.metrics.leader_transitions.inc()
         os.kill(os.getpid(), signal.SIGTERM)  # kopf's cleanup runs; the Deployment starts a standby again
 
-    log.info("standing by for the Lease %s/%s as %s", election["namespace"], leader.LEASE_NAME, election["identity"])
+    lease = ctl.router.shard.lease
+    log.info("standing by for the Lease %s/%s as %s", election["namespace"], lease, election["identity"])
     return await leader.campaign(ctl.kube.api, election["namespace"], election["identity"], election["timing"],
-                                 fence, led, lost)  # fmt: skip
+                                 fence, led, lost, lease)  # fmt: skip
 
 
 @kopf.on.cleanup()
@@ -110,7 +116,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await ctl.stop()
         if memo.get("leading", False):  # told to stop while leading: a standby need not wait out the Lease
             election = memo.election
-            await leader.release(ctl.kube.api, election["namespace"], election["identity"], election["timing"])
+            await leader.release(ctl.kube.api, election["namespace"], election["identity"], election["timing"],
+                                 ctl.router.shard.lease)  # fmt: skip
         await ctl.kube.close()
     if memo.get("health") is not None:
         await memo.health.cleanup()

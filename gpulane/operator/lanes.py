@@ -24,6 +24,7 @@ from gpulane.kube.client import Conflict, Gone, Kube, refusal_message
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
+from gpulane.operator.shards import Router
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class LaneHost(Protocol):
     dispatcher: Dispatcher
     jobs: JobTable
     observed: Observed
+    router: Router
 
     async def mark_dispatching(self, view: JobView) -> None: ...
     async def start_job(self, view: JobView, pod: PodState) -> None: ...
@@ -151,6 +153,7 @@ class LaneRunner:
                     model=want,
                     model_spec=model,
                     namespace=host.kube.namespace,
+                    shard_labels=host.router.shard.labels(),
                 )
             except TemplateError as err:  # this lane's GPUs in the template (the model's check says it too)
                 host.backend_failed(self.name, "InvalidTemplate", f"GpuModel {want!r}: spec.template: {err}")

@@ -16,6 +16,7 @@ import kopf
 import uvloop
 
 from gpulane.admission.main import add_serving_arguments, serving_options
+from gpulane.api.shards import Shard
 from gpulane.kube.leader import Timing
 from gpulane.operator.settings import Settings
 
@@ -54,11 +55,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.resync_seconds,
         help="between lists that find objects deleted without a watch event (default %(default)s)",
     )
+    parser.add_argument(
+        "--shard",
+        default=None,
+        metavar="NAME",
+        help="serve only the GpuLanes and GpuModels labelled gpulane.io/shard=NAME, and their jobs, with a Lease "
+        "of its own (default: the default shard, those without the label; docs/operations.md)",
+    )
     election = parser.add_argument_group("leader election (several replicas, one writing)")
     election.add_argument(
         "--leader-elect",
         action="store_true",
-        help="lead through the Lease gpulane-operator before writing; stand by while another does",
+        help="lead through the Lease gpulane-operator (gpulane-operator-SHARD) before writing; stand by while "
+        "another does",
     )
     election.add_argument(
         "--leader-elect-namespace",
@@ -88,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.exact_positions < 1 or args.status_writes_per_second <= 0 or args.resync_seconds <= 0:
         raise SystemExit("error: --exact-positions must be >= 1, --status-writes-per-second and --resync-seconds > 0")
+    try:
+        Shard(args.shard)
+    except ValueError as err:
+        raise SystemExit(f"error: --shard: {err}") from None
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -106,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         status_writes_per_second=args.status_writes_per_second,
         resync_seconds=args.resync_seconds,
         unload_namespace=args.unload_namespace,
+        shard=args.shard,
     )
     settings["namespace"] = args.namespace
     memo = kopf.Memo(

@@ -19,6 +19,7 @@ from gpulane.operator.job_table import JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
+from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import condition, merge_condition, model_spec, policy_refusal
 
@@ -49,6 +50,7 @@ def learn(observed: Observed, dispatcher: Dispatcher, model: str, what: str) -> 
 class Host(Protocol):
     dispatcher: Dispatcher
     observed: Observed
+    router: Router
     jobs: JobTable
     lanes: dict[str, LaneRunner]
     status: StatusWriter
@@ -69,11 +71,14 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
     condition says so: a restart, a takeover) is not checked again."""
     name = body["metadata"]["name"]
     observed = host.observed
-    if kind == "DELETED":
+    elsewhere = host.router.model_event(kind, body)  # another shard's: as if deleted here, and its jobs follow it
+    if kind == "DELETED" or elsewhere:
         observed.models.pop(name, None)
         for table in (observed.checking, observed.accepted, observed.refused_models, observed.model_conditions):
             table.pop(name, None)
         _park_model(host, name)
+        if elsewhere:
+            host.router.hand_over_parked(host.jobs, name)
         host.apply(ModelRemoved(name))  # a lane that holds it gives it up once its jobs there end
         for lane in host.lanes.values():
             lane.kick()

@@ -29,11 +29,18 @@ class TemplateError(ValueError):
 
 
 def backend_pod(
-    *, lane: str, lane_uid: str, lane_spec: GpuLaneSpec, model: str, model_spec: GpuModelSpec, namespace: str
+    *,
+    lane: str,
+    lane_uid: str,
+    lane_spec: GpuLaneSpec,
+    model: str,
+    model_spec: GpuModelSpec,
+    namespace: str,
+    shard_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The pod that serves ``model`` on ``lane``: the model's template (if any) with its shorthand fields on
     the serving container, pinned to the lane's node and holding its GPUs (docs/models.md says how they
-    combine)."""
+    combine). ``shard_labels`` put it in its shard's pod watch."""
     template = model_spec.template
     # Every field of the template's PodSpec, as written (its extra fields are kept by name).
     spec: dict[str, Any] = template.spec.model_dump(by_alias=True, exclude_none=True) if template else {}
@@ -81,6 +88,7 @@ def backend_pod(
                 COMPONENT_LABEL: "backend",
                 LANE_LABEL: label_value(lane),
                 MODEL_LABEL: label_value(model),
+                **(shard_labels or {}),
             },
             "annotations": {
                 **annotations,

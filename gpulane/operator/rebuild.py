@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
+from gpulane.api.shards import Shard
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import (
@@ -29,6 +30,7 @@ from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
+from gpulane.operator.shards import Router
 from gpulane.operator.translate import Refusal, job_from_body, job_key
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Host(Protocol):
     history: DispatchHistory
     lanes: dict[str, LaneRunner]
     ready: bool
+    router: Router
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     def apply(self, event: Event, woke_at: float | None = None) -> None: ...
@@ -74,7 +77,8 @@ class World:
     jobs: list[Body]
 
 
-async def read_world(kube: Kube) -> World:
+async def read_world(kube: Kube, shard: Shard) -> World:
+    """Every GpuModel (where each one's jobs belong), and the rest of this shard's."""
     try:
         policy: Body | None = await kube.get_cluster("gpupolicies", "default")
     except Gone:
@@ -83,10 +87,10 @@ async def read_world(kube: Kube) -> World:
         policy=policy,
         models=await kube.list_cluster("gpumodels"),
         leases=await kube.list_leases(EXECUTOR_SELECTOR),
-        pods=await kube.list_pods(BACKEND_SELECTOR),
+        pods=await kube.list_pods(f"{BACKEND_SELECTOR},{shard.selector}"),
         nodes=await kube.list_nodes(),
-        lanes=await kube.list_cluster("gpulanes"),
-        jobs=await kube.list_jobs(),
+        lanes=await kube.list_cluster("gpulanes", shard.selector),
+        jobs=await kube.list_jobs(shard.selector),
     )
 
 
@@ -103,7 +107,7 @@ async def rebuild(ctl: Host, *, max_backoff: float = 30.0) -> None:
     unread = "not ready: cannot read the cluster's state"
     async for attempt in backoff(log, unread, initial=0.2, max_backoff=max_backoff, reason=_unread):
         with attempt:
-            world = await read_world(ctl.kube)
+            world = await read_world(ctl.kube, ctl.router.shard)
     replay(ctl, world)
 
 

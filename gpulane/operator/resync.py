@@ -20,6 +20,7 @@ from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import BACKEND_SELECTOR, Body
 from gpulane.kube.client import Kube, why
 from gpulane.operator.observed import Observed
+from gpulane.operator.shards import Router
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Host(Protocol):
     kube: Kube
     observed: Observed
     sightings: Sightings
+    router: Router
 
     def policy_event(self, kind: str | None, body: Body) -> None: ...
     def model_event(self, kind: str | None, body: Body) -> None: ...
@@ -66,13 +68,13 @@ class Host(Protocol):
 
 
 def _listers(host: Host) -> dict[str, Callable[[], Awaitable[list[Body]]]]:
-    kube = host.kube
+    kube, shard = host.kube, host.router.shard
     return {
         "gpupolicies": lambda: kube.list_cluster("gpupolicies"),
         "gpumodels": lambda: kube.list_cluster("gpumodels"),
         "nodes": kube.list_nodes,
-        "gpulanes": lambda: kube.list_cluster("gpulanes"),
-        "pods": lambda: kube.list_pods(BACKEND_SELECTOR),
+        "gpulanes": lambda: kube.list_cluster("gpulanes", shard.selector),
+        "pods": lambda: kube.list_pods(f"{BACKEND_SELECTOR},{shard.selector}"),
     }
 
 

@@ -15,3 +15,4 @@ class Settings:
     tick_seconds: float = 1.0
     resync_seconds: float = 300.0  # between lists that find deletions no watch reported (resync.py)
     unload_namespace: str | None = None  # where the bridge's /unload Lease is honoured (none: nowhere)
+    shard: str | None = None  # the lanes, models and jobs labelled gpulane.io/shard=<it>; None: those without

@@ -265,18 +265,19 @@ class World:
         ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
         return ready and gpus == "1"
 
-    def lane(self, stem: str = "lane", node: str | None = None) -> str:
+    def lane(self, stem: str = "lane", node: str | None = None, labels: dict[str, str] | None = None) -> str:
         """A lane on ``node``, by default on a new kwok node of its own (tolerating the kwok taint)."""
         name = self.name(stem)
         node = node or self.node(f"{stem}-gpu")
         spec: dict[str, Any] = {"nodeName": node}
         if node in self.nodes:
             spec["tolerations"] = [localcluster.KWOK_TOLERATION]
-        self.apply({"apiVersion": API, "kind": "GpuLane", "metadata": {"name": name}, "spec": spec})
+        meta = {"name": name, "labels": labels or {}}
+        self.apply({"apiVersion": API, "kind": "GpuLane", "metadata": meta, "spec": spec})
         self.cluster_objects.append(("gpulanes", name))
         return name
 
-    def model(self, stem: str, *, ready_delay: str = "1s", **spec: Any) -> str:
+    def model(self, stem: str, *, ready_delay: str = "1s", labels: dict[str, str] | None = None, **spec: Any) -> str:
         name = self.name(stem)
         body = {
             "image": f"example.invalid/{stem}:1",
@@ -284,7 +285,8 @@ class World:
             "expectedRunSeconds": 30,
             **spec,
         }
-        self.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": body})
+        meta = {"name": name, "labels": labels or {}}
+        self.apply({"apiVersion": API, "kind": "GpuModel", "metadata": meta, "spec": body})
         self.cluster_objects.append(("gpumodels", name))
         return name
 

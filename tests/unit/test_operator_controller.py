@@ -112,6 +112,16 @@ def json_patch(doc: Body, ops: list[Body]) -> Body:
     return doc
 
 
+def selects(selector: str, body: Body) -> bool:
+    """A label selector of ``key=value`` and ``!key`` terms, as the apiserver reads it."""
+    labels = body["metadata"].get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, _, value = term.partition("=")
+        if (term.startswith("!") and key[1:] in labels) or ("=" in term and labels.get(key) != value):
+            return False
+    return True
+
+
 class FakeKube:
     """In-memory ``Kube``: the methods the controller, lanes and status writer call, nothing more."""
 
@@ -198,12 +208,13 @@ class FakeKube:
             self.objects[target] = new
         return copy.deepcopy(new)
 
-    async def list_cluster(self, plural: str) -> list[Body]:
+    async def list_cluster(self, plural: str, selector: str = "") -> list[Body]:
         self.calls.append(Call("list_cluster", plural))
-        return [self.get(t) for t in self.objects if t.startswith(f"{plural}/")]
+        found = [t for t, body in self.objects.items() if t.startswith(f"{plural}/") and selects(selector, body)]
+        return [self.get(t) for t in found]
 
-    async def list_jobs(self) -> list[Body]:
-        return await self.list_cluster("gpujobs")
+    async def list_jobs(self, selector: str = "") -> list[Body]:
+        return await self.list_cluster("gpujobs", selector)
 
     async def get_cluster(self, plural: str, name: str) -> Body:
         return self._read("get_cluster", f"{plural}/{name}")
@@ -224,19 +235,17 @@ class FakeKube:
 
     async def list_pods(self, selector: str) -> list[Body]:
         self.calls.append(Call("list_pods", selector))
-        wanted = dict(term.split("=", 1) for term in selector.split(","))
-        return [
-            self.get(t)
-            for t, body in self.objects.items()
-            if t.startswith(f"pods/{self.namespace}/")
-            and wanted.items() <= (body["metadata"].get("labels") or {}).items()
-        ]
+        return [self.get(t) for t, body in self.objects.items()
+                if t.startswith(f"pods/{self.namespace}/") and selects(selector, body)]  # fmt: skip
 
     async def patch_job_status(self, namespace: str, name: str, patch: Body | list[Body]) -> Body:
         return self._patch("job-status", "patch_job_status", f"gpujobs/{namespace}/{name}", patch)
 
     async def patch_job(self, namespace: str, name: str, patch: Body | list[Body]) -> Body:
         return self._patch("job-metadata", "patch_job", f"gpujobs/{namespace}/{name}", patch)
+
+    async def patch_namespaced(self, plural: str, namespace: str, name: str, patch: Body, kind: str = "") -> Body:
+        return self._patch(kind or f"{plural}-metadata", "patch_namespaced", f"{plural}/{namespace}/{name}", patch)
 
     async def patch_cluster_status(self, plural: str, name: str, patch: Body | list[Body]) -> Body:
         return self._patch(STATUS_WRITE_KINDS[plural], "patch_cluster_status", f"{plural}/{name}", patch)
@@ -1570,12 +1579,12 @@ def test_a_rebuild_whose_reads_fail_retries_them_and_replays_once(
         reads = kube.list_cluster
         failures = 0
 
-        async def flaky(plural: str) -> list[Body]:
+        async def flaky(plural: str, selector: str = "") -> list[Body]:
             nonlocal failures
             if plural == "gpujobs" and failures < 2:  # the last read fails: the earlier ones are read again
                 failures += 1
                 raise failure
-            return await reads(plural)
+            return await reads(plural, selector)
 
         kube.list_cluster = flaky  # type: ignore[method-assign]
         with caplog.at_level("WARNING", logger="gpulane.operator.rebuild"):

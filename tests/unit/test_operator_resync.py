@@ -83,8 +83,8 @@ def test_what_appears_while_the_list_is_in_flight_is_kept():
         ctl = w.ctl
         listed_before = w.kube.list_cluster
 
-        async def racing_list(plural: str) -> list[dict[str, Any]]:
-            listed = await listed_before(plural)
+        async def racing_list(plural: str, selector: str = "") -> list[dict[str, Any]]:
+            listed = await listed_before(plural, selector)
             if plural == "gpulanes":  # events delivered after the list was read, before it is answered
                 ctl.lane_event("ADDED", w.kube.put("gpulanes", {"metadata": {"name": "gpu-1"}, "spec": {}}))
             return listed
@@ -120,10 +120,10 @@ def test_the_loop_survives_a_failed_list_and_counts_what_it_finds(monkeypatch: p
         w.lane("gpu-0")
         listed_before, failures = w.kube.list_cluster, [TimeoutError("the apiserver did not answer")]
 
-        async def flaky_list(plural: str) -> list[dict[str, Any]]:
+        async def flaky_list(plural: str, selector: str = "") -> list[dict[str, Any]]:
             if failures:
                 raise failures.pop()
-            return await listed_before(plural)
+            return await listed_before(plural, selector)
 
         w.kube.list_cluster = flaky_list  # type: ignore[method-assign]
         w.kube.vanish("gpulanes/gpu-0")
