@@ -634,6 +634,7 @@ def test_every_gpumodel_example_of_the_docs_is_a_valid_chart_value(cluster: Clus
         ({"lanes": [{"name": "gpu-0", "spec": {"nodeNmae": "gpu-0"}}]}, "nodeNmae"),
         ({"policy": {"spec": {"admission": {"mode": "capped"}}}}, "/policy/spec/admission/mode"),
         ({"policy": {"spec": {"bandSpacing": -5}}}, "/policy/spec/bandSpacing"),
+        ({"operator": {"shards": ["Big"]}}, "/operator/shards/0"),
     ],
 )
 def test_bad_values_fail_the_install_and_name_the_field(
@@ -722,6 +723,22 @@ def test_two_bridge_replicas_by_default_with_a_disruption_budget(cluster: Cluste
     one = rendered(cluster, *bridge, "--set", "bridge.replicas=1")
     assert ("PodDisruptionBudget", "r-gpulane-bridge") not in one
     assert ("PodDisruptionBudget", "r-gpulane-bridge") not in rendered(cluster)  # no bridge, no budget
+
+
+def test_each_shard_gets_an_operator_deployment_of_its_own_with_its_lease(cluster: Cluster) -> None:
+    """Issue 35: operator.shards adds a Deployment per shard, whose selector and pods carry its label (the
+    default's selector stays as before shards, so an upgrade keeps it), and the Role lets it hold its Lease."""
+    out = rendered(cluster, "--set", "operator.shards={big,video}")
+    default, big = out["Deployment", "r-gpulane-operator"], out["Deployment", "r-gpulane-operator-big"]
+    assert "gpulane.io/shard" not in default["spec"]["selector"]["matchLabels"]
+    assert default["spec"]["selector"] == rendered(cluster)["Deployment", "r-gpulane-operator"]["spec"]["selector"]
+    assert big["spec"]["selector"]["matchLabels"]["gpulane.io/shard"] == "big"
+    assert big["spec"]["template"]["metadata"]["labels"]["gpulane.io/shard"] == "big"
+    assert "--shard=big" in big["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(a.startswith("--shard") for a in default["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert ("Deployment", "r-gpulane-operator-video") in out
+    [leases] = [r for r in out["Role", "r-gpulane-operator-leader"]["rules"] if r.get("resourceNames")]
+    assert leases["resourceNames"] == ["gpulane-operator", "gpulane-operator-big", "gpulane-operator-video"]
 
 
 def test_observability_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
