@@ -2,7 +2,7 @@
 on the real node beside kwok's.
 
     .venv/bin/python bench/operator.py latency [--jobs 200]
-    .venv/bin/python bench/operator.py scale [--jobs 5000]
+    .venv/bin/python bench/operator.py scale [--jobs 5000] [--shards N | --shards-versus N]
     .venv/bin/python bench/operator.py swap [--rounds 3 --swaps 5]
 
 Both start the local control plane if none runs (hack/gpulane_cluster.py), apply crds/, and run
@@ -22,12 +22,15 @@ round by round on the same machine; the ratio is the real node's cost over kwok'
 
 scale: a busy lane, then N jobs created from 16 threads. It reports the time until every job shows a
 queue position, the creation time alone (the apiserver), the operator's API writes (its own counter)
-and its peak memory (VmHWM).
+and its peak memory (VmHWM). With --shards N, N operators (the default shard and --shard s1...) each get their
+lanes and a model of their own, and the jobs are spread over the models; --shards-versus N runs one shard and
+N shards alternately in the same run and reports N's figures over one's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -49,8 +52,9 @@ from harness import (
     pids_named,
 )
 
+from gpulane.api.shards import SHARD_LABEL
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
-from tests.e2e.operator_support import GROUP, OPERATOR_NAMESPACE, VERSION
+from tests.e2e.operator_support import GROUP, OPERATOR_NAMESPACE, VERSION, OperatorProcess
 from tests.e2e.support import wait_until
 
 
@@ -172,21 +176,31 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def scale(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_world(*args.operator_args) as bench:
-        api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
-        model = world.model("busy", ready_delay="0s")
-        blockers = [f"blocker-{i}" for i in range(args.lanes)]
-        for i, name in enumerate(blockers):
-            world.lane(f"lane{i}")
-            world.job(name, model)
+    with bench_world(*args.operator_args) as bench, contextlib.ExitStack() as shards:
+        api, world, namespace = bench.api, bench.world, bench.namespace
+        # Shard 0 is the bench's operator (the default shard); each further one an operator of its own with its
+        # lanes and its model (docs/operations.md, "Shards"). The jobs are spread over the shards' models.
+        operators = [bench.operator]
+        for k in range(1, args.shards):
+            proc = OperatorProcess(bench.cluster, bench.work, *args.operator_args, "--shard", f"s{k}").start()
+            shards.callback(proc.stop)
+            operators.append(proc)
+        models, blockers = [], []
+        for k in range(args.shards):
+            labels = {SHARD_LABEL: f"s{k}"} if k else None
+            models.append(world.model(f"busy{k}", ready_delay="0s", labels=labels))
+            for i in range(args.lanes):
+                world.lane(f"s{k}-lane{i}", labels=labels)
+                blockers.append(world.job(f"blocker-{k}-{i}", models[k]))
         for name in blockers:
             world.wait_phase(name, "Running")
         watcher = PhaseWatch(api, namespace)
-        before = operator.metrics()
+        before = [operator.metrics() for operator in operators]
         bands = ["interactive", "normal", "batch"]
-        docs = [world.job_doc(f"s{i:05d}", model, priority=bands[i % 3], member=f"m{i % 50}") for i in range(args.jobs)]
-        assert operator.proc is not None
-        cpu = cpu_seconds(operator.proc.pid)
+        docs = [world.job_doc(f"s{i:05d}", models[i % args.shards], priority=bands[i % 3], member=f"m{i % 50}")
+                for i in range(args.jobs)]  # fmt: skip
+        pids = [operator.proc.pid for operator in operators if operator.proc is not None]
+        cpu = sum(map(cpu_seconds, pids))
         others = {name: pids_named(name) for name in ("kube-apiserver", "etcd")}
         others_cpu = {name: sum(map(cpu_seconds, pids)) for name, pids in others.items()}
         ticks = machine_ticks()
@@ -201,15 +215,16 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
                 positioned.add(name)
                 last = at
         elapsed = last - t0
-        cpu = cpu_seconds(operator.proc.pid) - cpu  # a share near 1.0: its one event loop is the bound
+        cpu = sum(map(cpu_seconds, pids)) - cpu  # a share near 1.0 per shard: its one event loop is the bound
         others_cpu = {name: sum(map(cpu_seconds, pids)) - others_cpu[name] for name, pids in others.items()}
         ticks = {k: v - ticks[k] for k, v in machine_ticks().items()}
         all_ticks = sum(ticks.values())
-        after = operator.metrics()
-        writes = {
-            k.split('"')[1]: after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{")
-        }
-        rss_positioned = peak_rss_mib(operator.proc.pid)
+        writes: dict[str, float] = {}
+        for operator, was in zip(operators, before, strict=True):
+            for k, v in operator.metrics().items():
+                if k.startswith("gpulane_api_writes_total{"):
+                    writes[k.split('"')[1]] = writes.get(k.split('"')[1], 0) + v - was.get(k, 0)
+        rss_positioned = max(peak_rss_mib(pid) for pid in pids)
         # Then many dispatches with the queue still long: lane history and job stories must stay bounded.
         # The watch tells which job runs next; listing 5,000 jobs per step would time the bench instead.
         d0 = time.monotonic()
@@ -225,7 +240,8 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         jobs = world.jobs()
         lane = world.custom.list_cluster_custom_object(GROUP, VERSION, "gpulanes")["items"][0]
         return {
-            "lanes": args.lanes,
+            "shards": args.shards,
+            "lanes": args.lanes * args.shards,
             "jobs": args.jobs,
             "create_seconds_apiserver": round(created, 1),
             "all_positioned_seconds": round(elapsed, 1),
@@ -239,10 +255,22 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
             "operator_peak_rss_mib_positioned": rss_positioned,
             "dispatches_after": args.dispatches,
             "dispatches_per_second_with_queue": round(args.dispatches / dispatch_seconds, 1),
-            "operator_peak_rss_mib": peak_rss_mib(operator.proc.pid),
+            "operator_peak_rss_mib": max(peak_rss_mib(pid) for pid in pids),
             "lane_status_bytes": len(json.dumps(lane.get("status") or {})),
             "largest_job_status_bytes": max(len(json.dumps(j.get("status") or {})) for j in jobs),
         }
+
+
+def shards_versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The bench with one shard and with ``--shards-versus`` shards, alternated round by round in one run."""
+    runs: dict[str, list[dict[str, Any]]] = {"one": [], "sharded": []}
+    for _ in range(args.versus_rounds):
+        for which, count in (("one", 1), ("sharded", args.shards_versus)):
+            runs[which].append(bench(argparse.Namespace(**{**vars(args), "shards": count})))
+    numbers = [k for k, v in runs["one"][0].items() if isinstance(v, int | float)]
+    pairs = {k: [t[k] / o[k] for o, t in zip(runs["one"], runs["sharded"], strict=True) if o[k]] for k in numbers}
+    ratio = {k: round(statistics.median(v), 2) for k, v in pairs.items() if v}
+    return {"runs": runs, "sharded_over_one_median": ratio}
 
 
 def versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -277,7 +305,9 @@ def main() -> None:
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
     sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")
-    sc.add_argument("--lanes", type=int, default=1, help="busy lanes, each on a kwok node of its own")
+    sc.add_argument("--lanes", type=int, default=1, help="busy lanes per shard, each on a kwok node of its own")
+    sc.add_argument("--shards", type=int, default=1, help="operators, each with its lanes and model (--shard)")
+    sc.add_argument("--shards-versus", type=int, help="one shard then this many, alternated (--versus-rounds)")
     sw = sub.add_parser("swap")
     sw.add_argument("--rounds", type=int, default=3, help="rounds, each one lane on the real node then one on kwok")
     sw.add_argument("--swaps", type=int, default=5, help="swaps per lane and round")
@@ -287,7 +317,10 @@ def main() -> None:
         p.add_argument("--versus-rounds", type=int, default=2, help="rounds of base then this tree (with --base)")
     args = parser.parse_args()
     bench = {"latency": latency, "scale": scale, "swap": swap}[args.what]
-    result = versus(bench, args) if args.base else bench(args)
+    if getattr(args, "shards_versus", None):
+        result = shards_versus(bench, args)
+    else:
+        result = versus(bench, args) if args.base else bench(args)
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     print(json.dumps(result, indent=1))
 
