@@ -3,8 +3,8 @@
 Every shard sees every GpuModel and keeps, for the models of other shards, which shard that is. A job or a
 chain in this shard's watch whose model is another shard's is given that shard's label (the label removed for
 the default shard): it leaves this watch and enters the other's. Nothing else is written, so the job waits
-without a status until its shard's operator takes it; the Event ``Routed`` says where it went. A job whose
-model no shard has is this shard's to park, as without shards (``ModelNotFound`` on its status)."""
+without a status until its shard's operator takes it; its label says where it went. A job whose model no
+shard has is this shard's to park, as without shards (``ModelNotFound`` on its status)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class Router:
-    def __init__(self, shard: Shard, kube: Kube, clock: Callable[[], float],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:  # fmt: skip
+    def __init__(self, shard: Shard, kube: Kube, spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
         self.shard = shard
-        self.kube, self.clock, self.spawn = kube, clock, spawn
+        self.kube, self.spawn = kube, spawn
         self.elsewhere: dict[str, str | None] = {}  # GpuModel -> the other shard that serves it
 
     def model_event(self, kind: str | None, body: Body) -> bool:
@@ -59,10 +58,7 @@ class Router:
             await self.kube.patch_namespaced(plural, meta["namespace"], meta["name"], patch)
         except Gone:
             return
-        model = body["spec"]["model"]
-        kind = "GpuJob" if plural == "gpujobs" else "GpuChain"
-        log.info("%s %s/%s: GpuModel %s is served by %s", kind, meta["namespace"], meta["name"], model,
-                 described(target))  # fmt: skip
-        ref = {"kind": kind, "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")}}
-        message = f"GpuModel {model} is served by {described(target)}: handed to its operator ({SHARD_LABEL})"
-        await self.kube.event(ref, "Routed", message, now=self.clock())
+        # No Event: the label says where it went, and an Event would be one more write for every job created
+        # outside its shard (a third of the apiserver's work in a burst of them: docs/benchmarks.md).
+        log.debug("%s/%s/%s: GpuModel %s is served by %s", plural, meta["namespace"], meta["name"],
+                  body["spec"]["model"], described(target))  # fmt: skip
