@@ -199,6 +199,9 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         bands = ["interactive", "normal", "batch"]
         docs = [world.job_doc(f"s{i:05d}", models[i % args.shards], priority=bands[i % 3], member=f"m{i % 50}")
                 for i in range(args.jobs)]  # fmt: skip
+        for i, doc in enumerate(docs):
+            if args.labelled and i % args.shards:  # created in their shard, as a creator that knows it would
+                doc["metadata"]["labels"] = {SHARD_LABEL: f"s{i % args.shards}"}
         pids = [operator.proc.pid for operator in operators if operator.proc is not None]
         cpu = sum(map(cpu_seconds, pids))
         others = {name: pids_named(name) for name in ("kube-apiserver", "etcd")}
@@ -308,6 +311,7 @@ def main() -> None:
     sc.add_argument("--lanes", type=int, default=1, help="busy lanes per shard, each on a kwok node of its own")
     sc.add_argument("--shards", type=int, default=1, help="operators, each with its lanes and model (--shard)")
     sc.add_argument("--shards-versus", type=int, help="one shard then this many, alternated (--versus-rounds)")
+    sc.add_argument("--labelled", action="store_true", help="jobs created with their shard's label (no hand-over)")
     sw = sub.add_parser("swap")
     sw.add_argument("--rounds", type=int, default=3, help="rounds, each one lane on the real node then one on kwok")
     sw.add_argument("--swaps", type=int, default=5, help="swaps per lane and round")
