@@ -248,7 +248,7 @@ class Bridge:
         capped = identity.requested > identity.priority
         submission = Submission(model.name, identity.priority, identity.member, identity.tier,
                                 run_limit, identity.key, timeout,
-                                identity.requested if capped else None)  # fmt: skip
+                                identity.requested if capped else None, model.shard)  # fmt: skip
         headers = {"X-Gpulane-Priority": str(identity.priority)}
         if capped:
             headers["X-Gpulane-Priority-Capped"] = f"{identity.requested} -> {identity.priority} (key {identity.key})"

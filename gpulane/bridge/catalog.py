@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gpulane.api.contract import Body
 from gpulane.api.resources import OWN_FIELDS, GpuModelSpec, Ticket
+from gpulane.api.shards import shard_of
 from gpulane.bridge.calls import Call, CallError
 
 PASSTHROUGH = ("LowerFirst", "HigherFirst")
@@ -29,24 +30,25 @@ class ServedModel:
     strip_params: tuple[str, ...] = ()  # filters.stripParams: fields removed from a call's JSON body
     set_params: tuple[tuple[str, Any], ...] = ()  # filters.setParams: fields set in it (model, priority never)
     ticket: Ticket | None = None  # the server answers with a ticket (bridge/tickets.py)
+    shard: str | None = None  # the shard that serves it (gpulane.io/shard): its jobs are created there
 
     @classmethod
     def of(cls, body: Body) -> ServedModel:
         """From a GpuModel; one whose spec does not validate is still served by its name, as the operator
         decides whether it runs (its Accepted condition says why not)."""
-        name = body["metadata"]["name"]
+        name, shard = body["metadata"]["name"], shard_of(body)
         raw = body.get("spec") or {}
         try:
             spec = GpuModelSpec.model_validate(raw)
         except ValidationError:  # its passthrough still holds: a caller's own priority must not reach the server
             passthrough = raw.get("priorityPassthrough") if isinstance(raw, dict) else None
-            return cls(name, priority_passthrough=passthrough if passthrough in PASSTHROUGH else None)
+            return cls(name, priority_passthrough=passthrough if passthrough in PASSTHROUGH else None, shard=shard)
         filters = spec.filters
         strip = tuple(filters.strip_params or ()) if filters else ()
         given = (filters.set_params or {}) if filters else {}
         put = tuple((k, v) for k, v in given.items() if k not in OWN_FIELDS)
         return cls(name, tuple(spec.aliases or ()), spec.use_model_name, spec.priority_passthrough, strip, put,
-                   spec.ticket)  # fmt: skip
+                   spec.ticket, shard)  # fmt: skip
 
 
 class Catalog:

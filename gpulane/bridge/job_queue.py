@@ -28,6 +28,7 @@ from gpulane.api.contract import (
     Body,
 )
 from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
+from gpulane.api.shards import SHARD_LABEL
 from gpulane.api.times import format_time
 from gpulane.bridge.backends import NoBackend, lane_backend
 from gpulane.bridge.calls import CallError
@@ -51,6 +52,7 @@ class Submission:
     key: str  # the API key's name, as a label for whoever reads the queue
     queue_timeout_seconds: int | None = None  # X-Gpulane-Queue-Timeout
     requested_priority: int | None = None  # what the caller asked for, when its key capped it lower
+    shard: str | None = None  # its model's shard: the job is created in that shard's watch, without a hand-over
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,13 +230,14 @@ class KubeJobQueue:
         """Create the call's job, waiting out a brief outage for up to its queue timeout (or 30 s)."""
         name = f"call-{uuid.uuid4().hex[:12]}"
         self._waiters[name] = asyncio.Queue()
+        shard = {SHARD_LABEL: submission.shard} if submission.shard else {}  # no hand-over to its model's shard
         manifest: Body = {
             "apiVersion": API_VERSION,
             "kind": "GpuJob",
             "metadata": {
                 "name": name,
                 "namespace": self.namespace,
-                "labels": {REPLICA_LABEL: self.replica, API_KEY_LABEL: submission.key},
+                "labels": {REPLICA_LABEL: self.replica, API_KEY_LABEL: submission.key, **shard},
                 "annotations": {EXECUTOR_LEASE: f"{self.namespace}/{self.lease}"},
                 # Created with the operator's finalizer: one write less between dispatch and Running.
                 "finalizers": [FINALIZER],

@@ -13,9 +13,10 @@ from aiohttp import ClientConnectionError
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes.aio.client.exceptions import ApiException
 
+from gpulane.api.shards import SHARD_LABEL
 from gpulane.bridge.app import Bridge, BridgeSettings
 from gpulane.bridge.calls import CallError
-from gpulane.bridge.catalog import Catalog
+from gpulane.bridge.catalog import Catalog, ServedModel
 from gpulane.bridge.creates import FIRST_PAUSE, LONGEST_PAUSE, Waiting, create_patiently, transient
 from gpulane.bridge.job_queue import JobProgress, KubeJobQueue, Submission
 from gpulane.bridge.keys import KeyRing, KeysFile
@@ -241,3 +242,21 @@ def test_a_policy_that_cannot_decide_past_the_bound_is_a_503_not_a_403() -> None
     assert (raised.value.status, raised.value.retry_after) == (503, 1) and "failed to configure policy" in str(
         raised.value
     )
+
+
+def test_a_call_for_a_sharded_model_is_created_in_its_shard_with_no_hand_over() -> None:
+    """Issue 35: the bridge knows each model's shard from its GpuModel, and labels the call's job with it, so
+    that the job lands in its shard's watch at once instead of being handed over by the default shard."""
+    served = ServedModel.of({"metadata": {"name": "big", "labels": {SHARD_LABEL: "big"}}, "spec": {"image": "x"}})
+    assert served.shard == "big" and ServedModel.of({"metadata": {"name": "m"}, "spec": {}}).shard is None
+    made: list[dict[str, Any]] = []
+
+    class Recorded(Creates):
+        async def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+            made.append(manifest)
+            return manifest
+
+    queue = KubeJobQueue(Recorded(), "r0")  # type: ignore[arg-type]
+    asyncio.run(queue.submit(Submission("big", 0, "app", "free", 3600, "app", shard="big")))
+    asyncio.run(queue.submit(SUBMISSION))
+    assert [m["metadata"]["labels"].get(SHARD_LABEL) for m in made] == ["big", None]
