@@ -1,17 +1,18 @@
 """Shards (issue 35) on the real apiserver: the suite's operator is the default shard, and shard ``big`` runs as
 two replicas electing a leader through a Lease of its own. Each dispatches only its own models' jobs on its own
 lanes; a job for ``big``'s model, created without a label, is handed to it; and while ``big``'s leader dies and
-its standby takes over, the default shard keeps dispatching."""
+its standby takes over, the default shard keeps dispatching. A chain for ``big``'s model runs there too."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpulane.api.shards import SHARD_LABEL
 
-from .operator_support import OPERATOR_NAMESPACE, OperatorProcess, World
+from .operator_support import API, GROUP, OPERATOR_NAMESPACE, VERSION, OperatorProcess, World
 from .support import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e("kwok")
@@ -55,6 +56,23 @@ def test_two_shards_each_dispatch_their_own_and_one_goes_on_while_the_others_lea
         for name in ("s2", "b2"):
             world.complete(name)
             world.wait_phase(name, "Succeeded")
+
+        # A GpuChain for big's model is handed over too; big creates its steps in its own watch and counts them.
+        chain = {"apiVersion": API, "kind": "GpuChain", "metadata": {"name": "film", "namespace": world.namespace},
+                 "spec": {"model": big, "count": 2}}  # fmt: skip
+        world.apply(chain)
+        for index in range(2):
+            step = f"film-{index}"
+            assert world.wait_phase(step, "Running")["lane"] == big_lane
+            assert world.get(step)["metadata"]["labels"][SHARD_LABEL] == "big"
+            world.complete(step)
+
+        def chain_status() -> dict[str, Any]:
+            body = world.custom.get_namespaced_custom_object(GROUP, VERSION, world.namespace, "gpuchains", "film")
+            assert body["metadata"]["labels"] == {SHARD_LABEL: "big"}
+            return body.get("status") or {}
+
+        wait_until(lambda: chain_status().get("phase") == "Succeeded", what="the chain done, counted by shard big")
     finally:
         for proc in replicas:
             proc.stop()
