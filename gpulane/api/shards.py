@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gpulane.api.contract import Body
 
 SHARD_LABEL = "gpulane.io/shard"
+HANDED_TO_SHARD = "HandedToShard"  # the reason of a job's Dispatched=False while it goes to its model's shard
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$")  # a label value that also fits a Lease's name
 LEASE_PREFIX = "gpulane-operator"
 

@@ -72,7 +72,7 @@ class Controller:
         self.metrics = Metrics(lambda: queue_snapshot(self.dispatcher, self.clock()))
         kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
         self.writes = JobWrites(kube, clock, self.spawn)
-        self.router = Router(Shard(self.settings.shard), kube, self.spawn)  # the models of other shards
+        self.router = Router(Shard(self.settings.shard), kube, clock, self.spawn)  # the models of other shards
         self.status = StatusWriter(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []

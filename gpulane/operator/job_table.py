@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION
+from gpulane.api.shards import HANDED_TO_SHARD
 from gpulane.core.dispatcher import Running
 from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job
@@ -101,7 +102,8 @@ class JobView:
             executor_lease=lease_of(meta),
             generation=meta.get("generation"),
             finalizers=list(meta.get("finalizers") or []),
-            conditions=list(status.get("conditions") or []),
+            # The shard that handed it here said so; this shard has it now, and its status says the rest.
+            conditions=[c for c in status.get("conditions") or [] if c.get("reason") != HANDED_TO_SHARD],
         )
 
 

@@ -2,9 +2,10 @@
 
 Every shard sees every GpuModel and keeps, for the models of other shards, which shard that is. A job or a
 chain in this shard's watch whose model is another shard's is given that shard's label (the label removed for
-the default shard): it leaves this watch and enters the other's. Nothing else is written, so the job waits
-without a status until its shard's operator takes it; its label says where it went. A job whose model no
-shard has is this shard's to park, as without shards (``ModelNotFound`` on its status)."""
+the default shard): it leaves this watch and enters the other's. A job first gets the condition
+``Dispatched=False``, reason ``HandedToShard``, which its shard's operator replaces once it takes it (one that
+stays says no operator serves that shard). A job whose model no shard has is this shard's to park, as without
+shards (``ModelNotFound`` on its status)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gpulane.api.contract import Body
-from gpulane.api.shards import SHARD_LABEL, Shard, described, shard_of
+from gpulane.api.shards import HANDED_TO_SHARD, SHARD_LABEL, Shard, described, shard_of
 from gpulane.kube.client import Gone, Kube
 from gpulane.operator.job_table import JobTable
+from gpulane.operator.translate import condition
 
 log = logging.getLogger(__name__)
 
 
 class Router:
-    def __init__(self, shard: Shard, kube: Kube, spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+    def __init__(self, shard: Shard, kube: Kube, clock: Callable[[], float],
+                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:  # fmt: skip
         self.shard = shard
-        self.kube, self.spawn = kube, spawn
+        self.kube, self.clock, self.spawn = kube, clock, spawn
         self.elsewhere: dict[str, str | None] = {}  # GpuModel -> the other shard that serves it
 
     def model_event(self, kind: str | None, body: Body) -> bool:
@@ -52,13 +55,20 @@ class Router:
             self.hand_over("gpujobs", body)
 
     async def _label(self, plural: str, body: Body, target: str | None) -> None:
-        meta = body["metadata"]
+        meta, model = body["metadata"], body["spec"]["model"]
         patch = {"metadata": {"labels": {SHARD_LABEL: target}}}  # null removes it: the default shard's
         try:
+            if plural == "gpujobs":  # first, so that it never lands over what the shard writes once it has it
+                message = (
+                    f"GpuModel {model} is served by {described(target)}: this job is handed to its operator "
+                    f"({SHARD_LABEL}), which writes its status from here; none has yet if this stays"
+                )
+                status = {"conditions": [condition("Dispatched", False, HANDED_TO_SHARD, message, self.clock())]}
+                await self.kube.patch_job_status(meta["namespace"], meta["name"], {"status": status})
             await self.kube.patch_namespaced(plural, meta["namespace"], meta["name"], patch)
         except Gone:
             return
-        # No Event: the label says where it went, and an Event would be one more write for every job created
-        # outside its shard (a third of the apiserver's work in a burst of them: docs/benchmarks.md).
-        log.debug("%s/%s/%s: GpuModel %s is served by %s", plural, meta["namespace"], meta["name"],
-                  body["spec"]["model"], described(target))  # fmt: skip
+        # No Event: the label and the condition say where it went, and an Event would be one more write for every
+        # job created outside its shard (docs/benchmarks.md).
+        log.debug("%s/%s/%s: GpuModel %s is served by %s", plural, meta["namespace"], meta["name"], model,
+                  described(target))  # fmt: skip

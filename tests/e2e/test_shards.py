@@ -22,6 +22,10 @@ BIG = ("--shard", "big", "--leader-elect", "--leader-elect-namespace", OPERATOR_
        "--leader-elect-retry-seconds", "1")  # fmt: skip
 
 
+def handed(world: World, name: str) -> list[dict[str, Any]]:
+    return [c for c in world.status(name).get("conditions", []) if c["reason"] == "HandedToShard"]
+
+
 def leads(proc: OperatorProcess) -> bool:
     return proc.running() and proc.metrics().get("gpulane_leader") == 1.0
 
@@ -42,6 +46,7 @@ def test_two_shards_each_dispatch_their_own_and_one_goes_on_while_the_others_lea
         assert world.wait_phase("s1", "Running")["lane"] == small_lane
         assert world.wait_phase("b1", "Running")["lane"] == big_lane
         assert world.get("b1")["metadata"]["labels"] == {SHARD_LABEL: "big"}  # handed over by the default shard
+        assert handed(world, "b1") == []  # taken by big, whose status has replaced the default shard's condition
         assert SHARD_LABEL not in (world.get("s1")["metadata"].get("labels") or {})
 
         world.job("s2", small)
@@ -56,6 +61,14 @@ def test_two_shards_each_dispatch_their_own_and_one_goes_on_while_the_others_lea
         for name in ("s2", "b2"):
             world.complete(name)
             world.wait_phase(name, "Succeeded")
+
+        # With no operator serving its shard, a job says so on its status.
+        orphan = world.model("orphan", labels={SHARD_LABEL: "nobody"})
+        world.job("stray", orphan)
+        [said] = wait_until(lambda: handed(world, "stray"), what="the stray job's condition")
+        assert "served by shard nobody" in said["message"] and "none has yet if this stays" in said["message"]
+        wait_until(lambda: (world.get("stray")["metadata"].get("labels") or {}).get(SHARD_LABEL) == "nobody",
+                   what="the stray job labelled for its shard")  # fmt: skip
 
         # A GpuChain for big's model is handed over too; big creates its steps in its own watch and counts them.
         chain = {"apiVersion": API, "kind": "GpuChain", "metadata": {"name": "film", "namespace": world.namespace},

@@ -54,7 +54,20 @@ def test_a_job_for_another_shards_model_is_handed_to_it_and_never_queued_here():
         assert routed(w, "theirs") == ["big"] and routed(w, "mine") == []
         assert f"{NS}/theirs" not in w.ctl.jobs and f"{NS}/mine" in w.ctl.jobs
         assert w.kube.get(f"gpujobs/{NS}/theirs")["metadata"]["labels"] == {SHARD_LABEL: "big"}
-        assert w.kube.calls_of("event", f"gpujobs/{NS}/theirs") == []  # its label says where it went
+        assert w.kube.calls_of("event", f"gpujobs/{NS}/theirs") == []  # no Event: one write fewer per job
+        [cond] = w.kube.get(f"gpujobs/{NS}/theirs")["status"]["conditions"]
+        assert (cond["type"], cond["status"], cond["reason"]) == ("Dispatched", "False", "HandedToShard")
+        assert "GpuModel big is served by shard big" in cond["message"]
+        assert w.kube.index("patch_job_status", f"gpujobs/{NS}/theirs") < w.kube.index(
+            "patch_namespaced", f"gpujobs/{NS}/theirs"
+        ), "the condition before the label: it never lands over what the shard writes"
+
+        # The shard it went to takes it, and the condition goes with its first status.
+        there = World(Settings(namespace=SYSTEM, shard="big"))
+        labelled(there, "big", "big")
+        there.lane()
+        there.ctl.job_event("ADDED", w.kube.get(f"gpujobs/{NS}/theirs"))
+        assert there.ctl.jobs[f"{NS}/theirs"].conditions == []
         assert all(d.job.model == "m" for d in w.ctl.dispatcher.history)
 
     asyncio.run(scenario())
