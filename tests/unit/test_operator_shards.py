@@ -130,3 +130,28 @@ def test_a_shards_backend_pods_and_chain_steps_carry_its_label():
         SHARD_LABEL
         not in step_manifest(chain, GpuChainSpec.model_validate({"model": "m", "count": 2}), 0, 0)["metadata"]["labels"]
     )
+
+
+def test_a_job_is_handed_over_once_though_its_condition_brings_another_event_and_a_failed_write_is_retried():
+    """The condition lands before the label, and its watch event reaches this shard while the job is still in
+    its watch: that event must not hand it over again (the bench saw two label and two status writes per job).
+    A write that fails (a 500 while etcd restarts) is retried until it lands, as no later event may retry it."""
+
+    async def scenario() -> None:
+        w = World()
+        labelled(w, "big", "big")
+
+        def unavailable(verb: str, target: str, body: Any) -> None:
+            if verb == "patch_job_status":
+                w.kube.before_write = None  # once
+                raise RuntimeError("HTTP 500: etcd is restarting")
+
+        w.kube.before_write = unavailable
+        w.submit("theirs", model="big")
+        w.ctl.job_event("MODIFIED", w.kube.get(f"gpujobs/{NS}/theirs"))  # its first write's event, say
+        await w.settle()
+        assert routed(w, "theirs") == ["big"]
+        assert len(w.kube.calls_of("patch_job_status", f"gpujobs/{NS}/theirs")) == 2  # the failed one, then again
+        assert w.kube.get(f"gpujobs/{NS}/theirs")["metadata"]["labels"] == {SHARD_LABEL: "big"}
+
+    asyncio.run(scenario())
