@@ -58,25 +58,48 @@ from tests.e2e.operator_support import GROUP, OPERATOR_NAMESPACE, VERSION, Opera
 from tests.e2e.support import wait_until
 
 
-def latency(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_world(*args.operator_args) as bench:
-        api, world, operator, namespace = bench.api, bench.world, bench.operator, bench.namespace
+def shards_of(bench: Any, args: argparse.Namespace, stack: contextlib.ExitStack, stem: str) -> list[Any]:
+    """``args.shards`` operators (the bench's, the default shard, and ``--shard s1``...), each with
+    ``args.lanes`` lanes and a model of its own (docs/operations.md, "Shards"); returns (operator, model, labels)
+    of each."""
+    out = []
+    for k in range(args.shards):
+        labels = {SHARD_LABEL: f"s{k}"} if k else {}
+        operator = bench.operator
+        if k:
+            operator = OperatorProcess(bench.cluster, bench.work, *args.operator_args, "--shard", f"s{k}").start()
+            stack.callback(operator.stop)
+        model = bench.world.model(f"{stem}{k}", ready_delay="0s", labels=labels)
         for i in range(args.lanes):
-            world.lane(f"lane{i}")
-        model = world.model("warm", ready_delay="0s")
+            bench.world.lane(f"s{k}-lane{i}", labels=labels)
+        out.append((operator, model, labels))
+    return out
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    with bench_world(*args.operator_args) as bench, contextlib.ExitStack() as stack:
+        api, world, namespace = bench.api, bench.world, bench.namespace
+        shards = shards_of(bench, args, stack, "warm")
+        operators = [operator for operator, _, _ in shards]
         watcher = PhaseWatch(api, namespace)
-        total = max(args.pending, args.jobs) + args.lanes
+        total = max(args.pending, args.jobs) + args.lanes * args.shards
         names = [f"j{i:05d}" for i in range(total)]
-        create_jobs(world, [world.job_doc(n, model, member=f"m{i % 7}") for i, n in enumerate(names)])
+        docs = []
+        for i, n in enumerate(names):  # created in their shard (as the bridge does): this times dispatches
+            _, model, labels = shards[i % args.shards]
+            doc = world.job_doc(n, model, member=f"m{i % 7}")
+            doc["metadata"]["labels"] = labels
+            docs.append(doc)
+        create_jobs(world, docs)
         wait_until(
             lambda: sum(1 for j in world.jobs() if (j.get("status") or {}).get("phase")) == len(names),
             timeout=600,
             what="every job queued",
         )
         running = {j["metadata"]["name"] for j in world.jobs() if j["status"].get("phase") == "Running"}
-        before = operator.metrics()
-        assert operator.proc is not None
-        cpu = cpu_seconds(operator.proc.pid)
+        before = [operator.metrics() for operator in operators]
+        pids = [operator.proc.pid for operator in operators if operator.proc is not None]
+        cpu = sum(map(cpu_seconds, pids))
         started = time.monotonic()
         totals: list[float] = []
         trips: list[float] = []
@@ -103,14 +126,20 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             )
             trips.append(at2 - t1)
         elapsed = time.monotonic() - started
-        cpu = cpu_seconds(operator.proc.pid) - cpu
-        after = operator.metrics()
+        cpu = sum(map(cpu_seconds, pids)) - cpu
+        after: dict[str, float] = {}
+        for operator, was in zip(operators, before, strict=True):  # the shards' counters, summed
+            for k, v in operator.metrics().items():
+                after[k] = after.get(k, 0.0) + v - was.get(k, 0.0)
         watcher.stop()
-        internal_n = after["gpulane_dispatch_latency_seconds_count"] - before["gpulane_dispatch_latency_seconds_count"]
-        internal_s = after["gpulane_dispatch_latency_seconds_sum"] - before["gpulane_dispatch_latency_seconds_sum"]
-        writes = sum(after[k] - before.get(k, 0) for k in after if k.startswith("gpulane_api_writes_total{"))
+        internal_n, internal_s = (
+            after["gpulane_dispatch_latency_seconds_count"],
+            after["gpulane_dispatch_latency_seconds_sum"],
+        )
+        writes = sum(v for k, v in after.items() if k.startswith("gpulane_api_writes_total{"))
         return {
-            "lanes": args.lanes,
+            "shards": args.shards,
+            "lanes": args.lanes * args.shards,
             "pending": total,
             "dispatches": len(totals),
             "total_p50_ms": round(statistics.median(totals) * 1000, 1),
@@ -121,12 +150,12 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_writes_per_second": round(writes / elapsed, 1),
             "operator_writes_per_dispatch": round(writes / len(totals), 1),
             "operator_writes_per_dispatch_by_kind": {
-                k.partition('kind="')[2].rstrip('"}'): round((after[k] - before.get(k, 0)) / len(totals), 2)
+                k.partition('kind="')[2].rstrip('"}'): round(after[k] / len(totals), 2)
                 for k in sorted(after)
-                if k.startswith("gpulane_api_writes_total{") and after[k] > before.get(k, 0)
+                if k.startswith("gpulane_api_writes_total{") and after[k] > 0
             },
             "operator_cpu_ms_per_dispatch": round(cpu / len(totals) * 1000, 1),
-            "operator_peak_rss_mib": peak_rss_mib(operator.proc.pid),
+            "operator_peak_rss_mib": max(peak_rss_mib(pid) for pid in pids),
         }
 
 
@@ -176,22 +205,12 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def scale(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_world(*args.operator_args) as bench, contextlib.ExitStack() as shards:
+    with bench_world(*args.operator_args) as bench, contextlib.ExitStack() as stack:
         api, world, namespace = bench.api, bench.world, bench.namespace
-        # Shard 0 is the bench's operator (the default shard); each further one an operator of its own with its
-        # lanes and its model (docs/operations.md, "Shards"). The jobs are spread over the shards' models.
-        operators = [bench.operator]
-        for k in range(1, args.shards):
-            proc = OperatorProcess(bench.cluster, bench.work, *args.operator_args, "--shard", f"s{k}").start()
-            shards.callback(proc.stop)
-            operators.append(proc)
-        models, blockers = [], []
-        for k in range(args.shards):
-            labels = {SHARD_LABEL: f"s{k}"} if k else None
-            models.append(world.model(f"busy{k}", ready_delay="0s", labels=labels))
-            for i in range(args.lanes):
-                world.lane(f"s{k}-lane{i}", labels=labels)
-                blockers.append(world.job(f"blocker-{k}-{i}", models[k]))
+        # The jobs are spread over the shards' models.
+        made = shards_of(bench, args, stack, "busy")
+        operators, models = [operator for operator, _, _ in made], [model for _, model, _ in made]
+        blockers = [world.job(f"blocker-{k}-{i}", model) for k, model in enumerate(models) for i in range(args.lanes)]
         for name in blockers:
             world.wait_phase(name, "Running")
         watcher = PhaseWatch(api, namespace)
@@ -304,17 +323,19 @@ def main() -> None:
     lat = sub.add_parser("latency")
     lat.add_argument("--jobs", type=int, default=200, help="dispatches timed")
     lat.add_argument("--pending", type=int, default=0, help="jobs queued behind them (default: just those)")
-    lat.add_argument("--lanes", type=int, default=1, help="warm lanes, each on a kwok node of its own")
+    lat.add_argument("--lanes", type=int, default=1, help="warm lanes per shard, each on a kwok node of its own")
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
     sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")
     sc.add_argument("--lanes", type=int, default=1, help="busy lanes per shard, each on a kwok node of its own")
-    sc.add_argument("--shards", type=int, default=1, help="operators, each with its lanes and model (--shard)")
-    sc.add_argument("--shards-versus", type=int, help="one shard then this many, alternated (--versus-rounds)")
+
     sc.add_argument("--labelled", action="store_true", help="jobs created with their shard's label (no hand-over)")
     sw = sub.add_parser("swap")
     sw.add_argument("--rounds", type=int, default=3, help="rounds, each one lane on the real node then one on kwok")
     sw.add_argument("--swaps", type=int, default=5, help="swaps per lane and round")
+    for p in (lat, sc):
+        p.add_argument("--shards", type=int, default=1, help="operators, each with its lanes and model (--shard)")
+        p.add_argument("--shards-versus", type=int, help="one shard then this many, alternated (--versus-rounds)")
     for p in (lat, sc, sw):
         p.add_argument("--operator-args", nargs="*", default=[], help="extra arguments for gpulane operator")
         p.add_argument("--base", help="also run the operator of this commit, alternated round by round")
