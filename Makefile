@@ -57,6 +57,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gpulane
+	$(BIN)/mypy --follow-imports=silent tests/unit/typed_fakes.py
 
 HELM = $$(hack/tools/build.sh --bindir)/helm
 # The chart linted and packaged into dist/ (gpulane-<version>.tgz), CRDs and dashboard included.

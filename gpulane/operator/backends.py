@@ -13,7 +13,7 @@ from gpulane.api.contract import UNLOAD_LEASE, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, LaneUpdated, UnloadAll
-from gpulane.kube.client import Kube
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import lane_node_problem, node_state
 from gpulane.operator.observed import Observed
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class Host(Protocol):
-    kube: Kube
+    kube: KubeClient
     clock: Callable[[], float]
     dispatcher: Dispatcher
     observed: Observed

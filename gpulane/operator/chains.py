@@ -35,7 +35,8 @@ from gpulane.core.chains import (
 )
 from gpulane.core.policy import Policy
 from gpulane.core.validation import describe
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.translate import condition, merge_condition
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def step_manifest(chain: Body, spec: GpuChainSpec, index: int, attempt: int) -> 
 
 
 class Chains:
-    def __init__(self, kube: Kube, clock: Callable[[], float], spawn: Callable[[Coroutine[Any, Any, Any]], None],
+    def __init__(self, kube: KubeClient, clock: Callable[[], float], spawn: Callable[[Coroutine[Any, Any, Any]], None],
                  run_seconds: Callable[[str], float],
                  rules: Callable[[], tuple[AdmissionPolicy, Policy]],
                  hand_over: Callable[[Body], bool] = lambda chain: False) -> None:  # fmt: skip

@@ -34,7 +34,7 @@ from gpulane.core.events import (
 from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.validation import describe
-from gpulane.kube.client import Kube
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator import backends, effects, lane_rules, models, policies, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 
 
 class Controller:
-    def __init__(self, kube: Kube, settings: Settings | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, kube: KubeClient, settings: Settings | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.kube = kube
         self.settings = settings or Settings()
         self.clock = clock

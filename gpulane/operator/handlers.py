@@ -58,8 +58,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 30
     # kopf retries a failed startup: what a previous attempt made (the controller, the bound port) is kept.
     if memo.get("controller") is None:
-        kube = Kube(ApiClient(await credentials(memo)), memo.namespace)
-        memo.controller = Controller(kube, Settings(**memo.settings))
+        memo.kube = Kube(ApiClient(await credentials(memo)), memo.namespace)  # with its election plumbing
+        memo.controller = Controller(memo.kube, Settings(**memo.settings))
     ctl: Controller = memo.controller
     if memo.get("chains") is None:
         memo.chains = Chains(ctl.kube, ctl.clock, ctl.spawn, lambda model: ctl.dispatcher.model(model).run_seconds,
@@ -87,7 +87,8 @@ async def _elected(ctl: Controller, memo: kopf.Memo) -> asyncio.Task[None]:
     restart. Writes are fenced by the Lease from the start; losing it ends the process."""
     election = memo.election
     fence = leader.Fence()
-    ctl.kube.fence, ctl.kube.write_timeout = fence.open, election["timing"].write_timeout
+    kube: Kube = memo.kube
+    kube.fence, kube.write_timeout = fence.open, election["timing"].write_timeout
 
     def led() -> None:
         memo.leading = True
@@ -102,7 +103,7 @@ async def _elected(ctl: Controller, memo: kopf.Memo) -> asyncio.Task[None]:
 
     lease = ctl.router.shard.lease
     log.info("standing by for the Lease %s/%s as %s", election["namespace"], lease, election["identity"])
-    return await leader.campaign(ctl.kube.api, election["namespace"], election["identity"], election["timing"],
+    return await leader.campaign(kube.api, election["namespace"], election["identity"], election["timing"],
                                  fence, led, lost, lease)  # fmt: skip
 
 
@@ -116,9 +117,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await ctl.stop()
         if memo.get("leading", False):  # told to stop while leading: a standby need not wait out the Lease
             election = memo.election
-            await leader.release(ctl.kube.api, election["namespace"], election["identity"], election["timing"],
+            await leader.release(memo.kube.api, election["namespace"], election["identity"], election["timing"],
                                  ctl.router.shard.lease)  # fmt: skip
-        await ctl.kube.close()
+        await memo.kube.close()
     if memo.get("health") is not None:
         await memo.health.cleanup()
 

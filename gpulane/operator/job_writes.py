@@ -18,7 +18,8 @@ from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION, GpuJobStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.explain import describe_dispatch
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory, shown_in
 from gpulane.operator.job_table import JobView
 from gpulane.operator.translate import Refusal, condition, merge_condition, score_fields
@@ -69,7 +70,7 @@ class EndResult:
 
 
 class JobWrites:
-    def __init__(self, kube: Kube, clock: Callable[[], float], spawn: Spawn) -> None:
+    def __init__(self, kube: KubeClient, clock: Callable[[], float], spawn: Spawn) -> None:
         self.kube = kube
         self.clock = clock
         self.spawn = spawn

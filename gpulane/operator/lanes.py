@@ -20,7 +20,8 @@ from kubernetes.aio.client.exceptions import ApiException
 from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.resources import API_VERSION, GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.kube.client import Conflict, Gone, Kube, refusal_message
+from gpulane.kube.client import Conflict, Gone, refusal_message
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
@@ -34,7 +35,7 @@ DELETE_RECHECK_SECONDS = 3.0
 class LaneHost(Protocol):
     """What a lane needs from the operator: the state it reads, and the transitions it asks for."""
 
-    kube: Kube
+    kube: KubeClient
     clock: Callable[[], float]
     dispatcher: Dispatcher
     jobs: JobTable

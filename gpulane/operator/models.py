@@ -14,7 +14,7 @@ from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Event, JobCancelled, JobSubmitted, ModelRemoved, ModelUpdated
 from gpulane.core.validation import describe
-from gpulane.kube.client import Kube
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.job_table import JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
@@ -54,7 +54,7 @@ class Host(Protocol):
     jobs: JobTable
     lanes: dict[str, LaneRunner]
     status: StatusWriter
-    kube: Kube
+    kube: KubeClient
     clock: Callable[[], float]
 
     def apply(self, event: Event, woke_at: float | None = None) -> None: ...

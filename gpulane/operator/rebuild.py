@@ -25,7 +25,8 @@ from gpulane.core.events import (
     TeamUsageRestored,
     UsageRestored,
 )
-from gpulane.kube.client import Gone, Kube, backoff, why
+from gpulane.kube.client import Gone, backoff, why
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
@@ -41,7 +42,7 @@ ACTIVE_PHASES = ("Dispatching", "Running")
 class Host(Protocol):
     """The controller as the rebuild sees it: its state, and the event handlers it replays objects through."""
 
-    kube: Kube
+    kube: KubeClient
     clock: Callable[[], float]
     dispatcher: Dispatcher
     jobs: JobTable
@@ -77,7 +78,7 @@ class World:
     jobs: list[Body]
 
 
-async def read_world(kube: Kube, shard: Shard) -> World:
+async def read_world(kube: KubeClient, shard: Shard) -> World:
     """Every GpuModel (where each one's jobs belong), and the rest of this shard's."""
     try:
         policy: Body | None = await kube.get_cluster("gpupolicies", "default")

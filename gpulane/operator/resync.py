@@ -18,7 +18,8 @@ from typing import Protocol
 
 from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import BACKEND_SELECTOR, Body
-from gpulane.kube.client import Kube, why
+from gpulane.kube.client import why
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.observed import Observed
 from gpulane.operator.shards import Router
 
@@ -55,7 +56,7 @@ class Sightings:
 
 
 class Host(Protocol):
-    kube: Kube
+    kube: KubeClient
     observed: Observed
     sightings: Sightings
     router: Router

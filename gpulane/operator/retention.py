@@ -14,7 +14,8 @@ import logging
 from gpulane.api.contract import API_KEY_LABEL, Body
 from gpulane.api.retention import Retention
 from gpulane.api.times import parse_time
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone
+from gpulane.kube.protocol import KubeClient
 
 log = logging.getLogger(__name__)
 RETRY_SECONDS = 30.0
@@ -59,7 +60,7 @@ class Expiries:
                 out.append((namespace, name, uid))
         return out
 
-    async def delete(self, kube: Kube, namespace: str, name: str, uid: str, now: float) -> bool:
+    async def delete(self, kube: KubeClient, namespace: str, name: str, uid: str, now: float) -> bool:
         """Delete one due job (only that uid); a failed call is tried again later. True if it was deleted."""
         try:
             await kube.delete_job(namespace, name, uid)

@@ -15,7 +15,8 @@ from typing import Any
 
 from gpulane.api.contract import Body
 from gpulane.api.shards import HANDED_TO_SHARD, SHARD_LABEL, Shard, described, shard_of
-from gpulane.kube.client import Gone, Kube, backoff
+from gpulane.kube.client import Gone, backoff
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.job_table import JobTable
 from gpulane.operator.translate import condition
 
@@ -26,7 +27,7 @@ HANDING_LIMIT = 10_000
 
 
 class Router:
-    def __init__(self, shard: Shard, kube: Kube, clock: Callable[[], float],
+    def __init__(self, shard: Shard, kube: KubeClient, clock: Callable[[], float],
                  spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:  # fmt: skip
         self.shard = shard
         self.kube, self.clock, self.spawn = kube, clock, spawn

@@ -29,7 +29,8 @@ from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.forecast import forecasting
-from gpulane.kube.client import Conflict, Gone, Kube
+from gpulane.kube.client import Conflict, Gone
+from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.job_writes import JobWrites, job_status
@@ -97,7 +98,7 @@ class StatusHost(Protocol):
 
     settings: Settings
     clock: Callable[[], float]
-    kube: Kube
+    kube: KubeClient
     dispatcher: Dispatcher
     jobs: JobTable
     observed: Observed

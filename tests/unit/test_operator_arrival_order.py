@@ -37,7 +37,7 @@ def test_jobs_of_the_same_second_keep_their_arrival_order_after_a_restart():
         assert w.kube.job("zulu")["status"]["submittedAt"] == "2024-05-01T12:00:10.100000Z"
 
         w.clock.now = T0 + 60
-        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
         await rebuild(again)
         assert dispatch_order(w, again) == ["zulu", "alpha"], "the restart reordered jobs of the same second"
 
@@ -59,7 +59,7 @@ def test_jobs_seen_after_their_second_ended_stay_apart_and_keep_their_order_afte
         assert written == ["2024-05-01T12:00:10.999000Z", "2024-05-01T12:00:10.999001Z",
                            "2024-05-01T12:00:10.999002Z"]  # fmt: skip
         w.clock.now = T0 + 60
-        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
         await rebuild(again)
         assert dispatch_order(w, again) == ["wait-c", "wait-b", "wait-a"], "the takeover reordered them"
 

@@ -26,7 +26,7 @@ class World:
         self.chains = self.restarted()
 
     def restarted(self) -> Chains:
-        return Chains(self.kube, self.clock, lambda c: self.tasks.append(asyncio.ensure_future(c)),  # type: ignore[arg-type]
+        return Chains(self.kube, self.clock, lambda c: self.tasks.append(asyncio.ensure_future(c)),
                       run_seconds=lambda model: 60.0, rules=lambda: (self.admission, Policy()))  # fmt: skip
 
     async def settle(self) -> None:

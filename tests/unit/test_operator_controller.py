@@ -244,7 +244,9 @@ class FakeKube:
     async def patch_job(self, namespace: str, name: str, patch: Body | list[Body]) -> Body:
         return self._patch("job-metadata", "patch_job", f"gpujobs/{namespace}/{name}", patch)
 
-    async def patch_namespaced(self, plural: str, namespace: str, name: str, patch: Body, kind: str = "") -> Body:
+    async def patch_namespaced(
+        self, plural: str, namespace: str, name: str, patch: Body | list[Body], kind: str = ""
+    ) -> Body:
         return self._patch(kind or f"{plural}-metadata", "patch_namespaced", f"{plural}/{namespace}/{name}", patch)
 
     async def patch_cluster_status(self, plural: str, name: str, patch: Body | list[Body]) -> Body:
@@ -263,7 +265,7 @@ class FakeKube:
             raise Conflict(f"409: {target} already exists")
         return self.put("gpujobs", copy.deepcopy(manifest))
 
-    async def patch_chain_status(self, namespace: str, name: str, patch: Body) -> Body:
+    async def patch_chain_status(self, namespace: str, name: str, patch: Body | list[Body]) -> Body:
         return self._patch("chain-status", "patch_chain_status", f"gpuchains/{namespace}/{name}", patch)
 
     async def create_pod(self, manifest: Body) -> Body:
@@ -343,7 +345,7 @@ class World:
     def __init__(self, settings: Settings | None = None) -> None:
         self.clock = Clock()
         self.kube = FakeKube(self.clock)
-        self.ctl = Controller(self.kube, settings or Settings(namespace=SYSTEM), clock=self.clock)  # type: ignore[arg-type]
+        self.ctl = Controller(self.kube, settings or Settings(namespace=SYSTEM), clock=self.clock)
         self.node("node-0")  # the lanes' node (their empty selector matches it)
 
     # objects the operator watches, each created in the fake and its ADDED event delivered
@@ -1774,7 +1776,7 @@ def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
         w.kube.put("gpumodels", {"metadata": {"name": "m"}, "spec": {"image": "m:v1"}})
         w.kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {"nodeName": "gone"}})
         w.kube.put("gpujobs", job_body("j1", "m"))
-        fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
         await rebuild(fresh)
         assert fresh.lanes["gpu-0"].node_problem == "node gone does not exist"
         assert not fresh.dispatcher.lanes["gpu-0"].online

@@ -20,7 +20,7 @@ from .test_operator_controller import NS, SYSTEM, World, job_body, no_lane_loops
 
 async def restarted(w: World) -> Controller:
     """A new operator's controller, rebuilt from what the fake API holds now."""
-    ctl = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+    ctl = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
     await rebuild(ctl)
     return ctl
 

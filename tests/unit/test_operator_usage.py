@@ -31,7 +31,7 @@ def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it()
         assert (team["namespace"], team["band"], team["gpuSeconds"]) == (NS, 0, entry["gpuSeconds"])
 
         w.clock.now += 3600  # down for one half-life
-        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # type: ignore[arg-type]
+        again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
         await rebuild(again)
         assert again.dispatcher.usage(w.clock())[(f"{NS}/film", 0)] == pytest.approx(entry["gpuSeconds"] / 2, rel=0.001)
         assert again.dispatcher.team_usage(w.clock())[(NS, 0)] == pytest.approx(team["gpuSeconds"] / 2, rel=0.001)
