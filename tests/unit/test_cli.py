@@ -90,3 +90,8 @@ def test_a_flood_scenario_exits_2(tmp_path, capsys):
 def test_the_bridge_refuses_a_run_limit_out_of_range(seconds, tmp_path):
     with pytest.raises(SystemExit, match="--max-run-seconds must be from 1 to 604800"):
         main(["bridge", "--keys-file", str(tmp_path / "keys.yaml"), "--max-run-seconds", seconds])
+
+
+def test_the_operator_refuses_a_shard_name_that_is_no_label_value():
+    with pytest.raises(SystemExit, match="--shard: shard name 'Big': lowercase letters, digits and '-'"):
+        main(["operator", "--shard", "Big"])
