@@ -23,7 +23,8 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.contract import BRIDGE_AUDIENCE, Body
 from gpulane.bridge.calls import CallError, kind_of
-from gpulane.kube.client import Gone, Kube
+from gpulane.kube.client import Gone
+from gpulane.kube.protocol import Reviews
 
 log = logging.getLogger(__name__)
 ANSWER = "answer"
@@ -86,7 +87,7 @@ class ResultStore:
 class ResultReader:
     """``GET /results/{namespace}/{name}``: the job's answer file, for a caller who may get the job."""
 
-    def __init__(self, kube: Kube, store: ResultStore) -> None:
+    def __init__(self, kube: Reviews, store: ResultStore) -> None:
         self.kube, self.store = kube, store
 
     def add_routes(self, app: web.Application) -> None:

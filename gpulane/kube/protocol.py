@@ -1,5 +1,6 @@
-"""What the operator's rooms call on the Kubernetes API, as a protocol: ``Kube`` implements it, and so do the
-tests' in-memory fakes, which the type checker holds to it (``make lint`` checks ``tests/unit/typed_fakes.py``).
+"""What the operator's rooms, and the bridge's results endpoint, call on the Kubernetes API, as protocols: ``Kube``
+implements them, and so do the tests' in-memory fakes, which the type checker holds to them (``make lint`` checks
+``tests/unit/typed_fakes.py``).
 Leader election's plumbing (the API client, the write fence) stays on the concrete ``Kube``: only
 ``handlers.py``, which composes the operator, touches it."""
 
@@ -35,3 +36,11 @@ class KubeClient(Protocol):
     async def patch_cluster_status(self, plural: str, name: str, patch: Patch) -> Body: ...
     async def patch_namespaced(self, plural: str, namespace: str, name: str, patch: Patch, kind: str = "") -> Body: ...
     async def event(self, involved: Body, reason: str, message: str, *, warning: bool = False, now: float) -> None: ...
+
+
+class Reviews(Protocol):
+    """Who a caller is and what it may read: the bridge's ``/results`` (a TokenReview, a SubjectAccessReview)."""
+
+    async def authenticate(self, token: str, audience: str) -> tuple[str, list[str]] | None: ...
+    async def may_get_job(self, user: str, groups: list[str], namespace: str, name: str) -> bool: ...
+    async def get_job(self, namespace: str, name: str) -> Body: ...

@@ -69,7 +69,7 @@ def test_only_who_may_get_the_job_reads_its_answer(
 
     async def scenario() -> None:
         app = web.Application()
-        ResultReader(kube, ResultStore(tmp_path)).add_routes(app)  # type: ignore[arg-type]
+        ResultReader(kube, ResultStore(tmp_path)).add_routes(app)
         async with TestClient(TestServer(app)) as http:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
             resp = await http.get(f"/results/{target}", headers=headers)

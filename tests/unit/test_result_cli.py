@@ -147,7 +147,7 @@ class World:
             bridge_app = self.bridge_app
             if bridge_app is None:
                 bridge_app = web.Application()
-                ResultReader(self.bridge_kube, ResultStore(self.volume)).add_routes(bridge_app)  # type: ignore[arg-type]
+                ResultReader(self.bridge_kube, ResultStore(self.volume)).add_routes(bridge_app)
             async with TestServer(self.apiserver.app()) as api, TestServer(bridge_app) as bridge:
                 kubeconfig = self._kubeconfig(f"http://{api.host}:{api.port}")
                 url = f"http://{bridge.host}:{bridge.port}"

@@ -4,11 +4,13 @@ operator's rooms without a ``type: ignore``."""
 
 from __future__ import annotations
 
-from gpulane.kube.protocol import KubeClient
+from gpulane.kube.protocol import KubeClient, Reviews
 from gpulane.operator.controller import Controller
 from gpulane.operator.settings import Settings
 
+from .test_bridge_results import FakeKube as ResultsFake
 from .test_operator_controller import SYSTEM, Clock, FakeKube
+from .test_result_cli import BridgeKube
 
 
 def operators_fake() -> KubeClient:
@@ -18,3 +20,7 @@ def operators_fake() -> KubeClient:
 def operator_on_the_fake() -> Controller:
     clock = Clock()
     return Controller(FakeKube(clock), Settings(namespace=SYSTEM), clock=clock)
+
+
+def results_fakes() -> list[Reviews]:
+    return [ResultsFake({}), BridgeKube({})]
