@@ -10,8 +10,8 @@ import sys
 from typing import Any, get_args
 
 from gpulane import __version__
+from gpulane.core.baselines import RANKINGS
 from gpulane.core.policy import FAIR_SHARE_MODES, PolicyError
-from gpulane.core.ranking import RANKINGS
 from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.llamaswap import Clients
 from gpulane.core.sim.report import comparison_table, jobs_json, llama_swap_settings, summarize

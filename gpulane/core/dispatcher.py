@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from gpulane.core.baselines import make_ranking
 from gpulane.core.events import (
     Dispatch,
     Effect,
@@ -40,7 +41,7 @@ from gpulane.core.events import (
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec, fair_share_member
 from gpulane.core.policy import Policy, PolicyError
-from gpulane.core.ranking import MemberLevel, Ranking, make_ranking
+from gpulane.core.ranking import MemberLevel, Ranking
 from gpulane.core.score import ScoreBreakdown
 
 Clock = Callable[[], float]

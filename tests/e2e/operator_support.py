@@ -129,6 +129,10 @@ class OperatorProcess(GpulaneProcess):
     def ready(self) -> bool:
         return self.get("/readyz")[0] == 200
 
+    def leads(self) -> bool:
+        """Running and holding its Lease (its gpulane_leader gauge)."""
+        return self.running() and self.metrics().get("gpulane_leader") == 1.0
+
     def get(self, path: str) -> tuple[int, str]:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as resp:

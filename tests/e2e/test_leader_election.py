@@ -28,10 +28,6 @@ ELECTION = ("--leader-elect", "--leader-elect-namespace", OPERATOR_NAMESPACE, "-
 DEFAULTS = ("--leader-elect", "--leader-elect-namespace", OPERATOR_NAMESPACE)
 
 
-def leads(proc: OperatorProcess) -> bool:
-    return proc.metrics().get("gpulane_leader") == 1.0
-
-
 def lease_spec(cluster: Cluster) -> dict[str, Any]:
     lease = cluster.kubectl("get", "lease", "gpulane-operator", "-n", OPERATOR_NAMESPACE, "-o", "json").stdout
     spec: dict[str, Any] = json.loads(lease)["spec"]
@@ -62,9 +58,9 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
 
     try:
         a = replica()
-        wait_until(lambda: leads(a), what="the first replica to lead")
+        wait_until(a.leads, what="the first replica to lead")
         b = replica()
-        assert not leads(b) and b.ready(), "a standby is ready, and does not lead"
+        assert not b.leads() and b.ready(), "a standby is ready, and does not lead"
         assert not any(k.startswith("gpulane_api_writes_total") and v for k, v in b.metrics().items())
         lane, model = world.lane(), world.model("m")
         world.job("first", model)
@@ -89,7 +85,7 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         took = time.monotonic() - killed
         assert running["lane"] == lane
         assert [world.status(n)["phase"] for n in arrivals[1:]] == ["Pending", "Pending"]
-        assert leads(b) and f"as {holder(cluster)}" in b.log_path.read_text()
+        assert b.leads() and f"as {holder(cluster)}" in b.log_path.read_text()
         print(f"from the leader's SIGKILL to the next Running write: {took:.1f}s (Lease 4 s)")
         assert took < 4 + 10, f"the standby took {took:.1f}s to dispatch"
         assert b.metrics()["gpulane_leader_transitions_total"] == 1.0
@@ -115,7 +111,7 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         gap = (parse_time(taken["acquireTime"]) or 0.0) - (renewed[-1] + 3)
         print(f"the paused leader stopped writing at least {gap:.2f}s before the new one took the Lease")
         assert gap > 0, f"the new leader took the Lease {-gap:.2f}s before the old one's fence closed"
-        wait_until(lambda: leads(c), timeout=30, what="the third replica to lead")
+        wait_until(c.leads, timeout=30, what="the third replica to lead")
         world.complete(arrivals[0])
         try:
             world.wait_phase(arrivals[1], "Running", timeout=30)
@@ -131,7 +127,7 @@ def test_a_standby_leads_when_the_leader_dies_and_a_paused_leader_wakes_unable_t
         # refused before it was sent, and the world is as the new leader left it.
         assert "not writing" in log, b.log_tail()
         assert [world.status(n)["phase"] for n in arrivals] == ["Succeeded", "Running", "Pending"]
-        assert leads(c)
+        assert c.leads()
         assert world.run_through(set(arrivals[1:])) == arrivals[1:], "the order of arrival did not hold"
     finally:
         for proc in replicas:
@@ -154,14 +150,14 @@ def test_a_leader_told_to_stop_gives_the_lease_up_and_the_standby_dispatches_wit
     replicas: list[OperatorProcess] = []
     try:
         replicas.append(a := OperatorProcess(cluster, tmp_path, *DEFAULTS).start())
-        wait_until(lambda: leads(a), what="the first replica to lead")
+        wait_until(a.leads, what="the first replica to lead")
         replicas.append(b := OperatorProcess(cluster, tmp_path, *DEFAULTS).start())
         lane, model = world.lane(), world.model("m")
         world.job("first", model)
         world.wait_phase("first", "Running")
         world.job("next", model)
         wait_until(lambda: world.status("next").get("position") == 1, what="the next job queued")
-        assert leads(a) and not leads(b)
+        assert a.leads() and not b.leads()
         before = lease_spec(cluster)  # A renews every second: its last renewal is this one or later
         stopping, told = time.monotonic(), time.time()
         a.stop()  # SIGTERM, as a rollout or a drain sends it (it returns once A has exited)
@@ -170,7 +166,7 @@ def test_a_leader_told_to_stop_gives_the_lease_up_and_the_standby_dispatches_wit
         world.complete("first")
         running = world.wait_phase("next", "Running", timeout=30)
         took = time.monotonic() - stopping
-        assert running["lane"] == lane and leads(b)
+        assert running["lane"] == lane and b.leads()
         taken = lease_spec(cluster)
         acquired = parse_time(taken["acquireTime"]) or 0.0
         print(f"from the leader's SIGTERM: the standby took the Lease in {acquired - told:.1f}s; the next job, "

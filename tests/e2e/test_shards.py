@@ -26,10 +26,6 @@ def handed(world: World, name: str) -> list[dict[str, Any]]:
     return [c for c in world.status(name).get("conditions", []) if c["reason"] == "HandedToShard"]
 
 
-def leads(proc: OperatorProcess) -> bool:
-    return proc.running() and proc.metrics().get("gpulane_leader") == 1.0
-
-
 def test_two_shards_each_dispatch_their_own_and_one_goes_on_while_the_others_leader_dies(
     cluster: Cluster, world: World, operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -37,7 +33,7 @@ def test_two_shards_each_dispatch_their_own_and_one_goes_on_while_the_others_lea
     replicas: list[OperatorProcess] = []
     try:
         replicas.append(first := OperatorProcess(cluster, tmp_path, *BIG).start())
-        wait_until(lambda: leads(first), what="shard big's first replica to lead")
+        wait_until(first.leads, what="shard big's first replica to lead")
         replicas.append(second := OperatorProcess(cluster, tmp_path, *BIG).start())
         small_lane, big_lane = world.lane("small"), world.lane("big", labels={SHARD_LABEL: "big"})
         small, big = world.model("small"), world.model("big", labels={SHARD_LABEL: "big"})
@@ -57,7 +53,7 @@ def test_two_shards_each_dispatch_their_own_and_one_goes_on_while_the_others_lea
         assert world.wait_phase("s2", "Running")["lane"] == small_lane  # the default shard went on
         world.complete("b1")
         assert world.wait_phase("b2", "Running", timeout=30)["lane"] == big_lane  # big's standby took over
-        assert leads(second)
+        assert second.leads()
         for name in ("s2", "b2"):
             world.complete(name)
             world.wait_phase(name, "Succeeded")

@@ -6,11 +6,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from gpulane.core.baselines import make_ranking
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import JobSubmitted, LaneUpdated
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.policy import Policy
-from gpulane.core.ranking import make_ranking
 
 
 async def until(check: Callable[[], object], what: str, timeout: float = 10) -> None:

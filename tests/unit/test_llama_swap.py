@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpulane.cli import main
-from gpulane.core.ranking import RANKINGS
+from gpulane.core.baselines import RANKINGS
 from gpulane.core.sim.engine import SimResult, simulate
 from gpulane.core.sim.llamaswap import AdmissionCap, LlamaSwapConfig
 from gpulane.core.sim.report import comparison_table, percentile, summarize

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulane.core.ranking import RANKINGS
+from gpulane.core.baselines import RANKINGS
 from gpulane.core.sim.engine import simulate
 from gpulane.core.sim.report import summarize
 from gpulane.core.sim.scenario import Scenario, load_scenario

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gpulane.core.ranking import RANKINGS
+from gpulane.core.baselines import RANKINGS
 from gpulane.core.sim.engine import SimResult, simulate
 from gpulane.core.sim.report import jobs_json
 from gpulane.core.sim.scenario import Scenario

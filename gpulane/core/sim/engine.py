@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpulane.core.baselines import make_ranking
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import (
     Dispatch,
@@ -28,7 +29,6 @@ from gpulane.core.events import (
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.policy import Policy
-from gpulane.core.ranking import make_ranking
 from gpulane.core.sim.llamaswap import AdmissionCap
 from gpulane.core.sim.scenario import Range, Scenario, ScenarioError, Stream
 
