@@ -353,6 +353,7 @@ class Controller:
                 self.apply(LaneUpdated(name, online=False))
                 del self.lanes[name]
                 self.history.forget(name)
+                self.status.lane_gone(name)
                 self.spawn(runner.stop())
             return
         try:
@@ -368,7 +369,7 @@ class Controller:
             return
         runner = LaneRunner(self, name, meta.get("uid", ""), spec, meta.get("generation"))
         status = body.get("status") or {}
-        runner.conditions = list(status.get("conditions") or [])
+        self.status.lane_seen(name, status)
         self.history.restore(name, status.get("history") or [])
         self.lanes[name] = runner
         runner.node_problem = lane_node_problem(spec, self.observed.nodes)
@@ -376,7 +377,6 @@ class Controller:
         pod = self.observed.pods.get(name)
         resident = pod.model if pod is not None and not pod.failed else None
         self.apply(LaneUpdated(name, online=online and runner.online, resident=resident))
-        self.status.lane_dirty(name)
 
     def model_event(self, kind: str | None, body: Body) -> None:
         self.sightings.note("gpumodels", kind, body)

@@ -51,20 +51,24 @@ class JobView:
     name: str
     uid: str
     job: Job
-    state: JobState = JobState.PENDING  # moved only by JobTable
-    api_phase: str | None = None  # the phase on the object, as last written or seen
+    max_run: int | None = None
+    generation: int | None = None
+    # Where it is, written only by JobTable's moves.
+    state: JobState = JobState.PENDING
     decision: Dispatch | None = None
     dispatched_at: float | None = None
     started_at: float | None = None
-    max_run: int | None = None
-    finalizers: list[str] = field(default_factory=list)
-    conditions: list[dict[str, Any]] = field(default_factory=list)
-    generation: int | None = None
-    executor_lease: tuple[str, str] | None = None  # (namespace, name) of the Lease of whoever runs it
     woke_at: float | None = None  # when the event that let it dispatch arrived (latency metric)
+    # What its object says, written only by JobWrites once a write landed (``api_phase`` first from the
+    # object), and by ``observe`` for what a watch event or a patch's answer tells.
+    api_phase: str | None = None
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+    written: tuple[Any, ...] | None = None  # the queue status on it (position, exact, start, score) or parked
+    announced: Dispatch | None = None  # the dispatch whose Dispatched Event was posted
+    finalizers: list[str] = field(default_factory=list)
+    executor_lease: tuple[str, str] | None = None  # (namespace, name) of the Lease of whoever runs it
+    # Written only by the controller's end_job.
     ending: bool = False  # a terminal write is in flight
-    announced: bool = False  # the Dispatched Event was posted
-    written: tuple[Any, ...] | None = None  # the last queue status written (StatusWriter)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -83,8 +87,8 @@ class JobView:
         }
 
     def observe(self, meta: Body) -> None:
-        """What a later event of the job tells: its finalizers, and who runs it (the bridge claims jobs
-        applied with kubectl after they are first seen)."""
+        """What a later event of the job, or a patch's answer, tells: its finalizers, and who runs it (the
+        bridge claims jobs applied with kubectl after they are first seen)."""
         self.finalizers = list(meta.get("finalizers") or [])
         self.executor_lease = lease_of(meta)
 
@@ -203,7 +207,7 @@ class JobTable:
     def park(self, view: JobView) -> None:
         """A new or waiting job whose GpuModel does not exist (any more)."""
         self._jobs[view.key] = view
-        view.state, view.written = JobState.PARKED, None
+        view.state = JobState.PARKED
         self._parked.setdefault(view.model, set()).add(view.key)
         self._wait(view, True)
 
@@ -211,7 +215,7 @@ class JobTable:
         """The jobs that waited for ``model``, back to pending, in arrival order."""
         views = [self._jobs[k] for k in self._parked.pop(model, set())]
         for view in views:
-            view.state, view.written = JobState.PENDING, None
+            view.state = JobState.PENDING
         return sorted(views, key=lambda v: (v.job.submitted_at, v.key))
 
     def assign(self, view: JobView, decision: Dispatch, woke_at: float | None) -> None:
@@ -220,20 +224,20 @@ class JobTable:
         view.dispatched_at, view.woke_at = decision.at, woke_at
         self._wait(view, False)
 
-    def adopt(self, view: JobView, running: bool) -> None:
+    def adopt(self, view: JobView, running: bool, dispatched_at: float, started_at: float | None) -> None:
         """A job found active on a lane (after a restart): its ``JobAdopted`` gives the core its lane."""
         self._jobs[view.key] = view
         view.state = JobState.RUNNING if running else JobState.ASSIGNED
+        view.dispatched_at, view.started_at = dispatched_at, started_at
         self._wait(view, False)
 
     def requeue(self, view: JobView) -> None:
         """An assigned job whose lane's load yielded to a better newcomer (the core took it off): back to waiting."""
         view.state, view.decision, view.dispatched_at = JobState.PENDING, None, None
-        view.announced, view.written = False, None  # its next dispatch is announced, its position written afresh
         self._wait(view, True)
 
     def start(self, view: JobView, at: float) -> None:
-        view.state, view.api_phase, view.started_at = JobState.RUNNING, "Running", at
+        view.state, view.started_at = JobState.RUNNING, at
 
     def release(self, view: JobView) -> bool:
         """The job leaves the table (the caller tells the core). False if it had left already."""

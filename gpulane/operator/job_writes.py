@@ -1,5 +1,8 @@
-"""The API writes of a job's transitions: refusals, finalizers, Dispatching, Running and the operator's
+"""The API writes of a job: refusals, finalizers, queue positions, Dispatching, Running and the operator's
 own outcomes. Each method writes and reports what happened; the controller decides what follows.
+
+``JobWrites`` is also the one writer of what a job's view records of its object (``api_phase``,
+``conditions``, ``written``, ``announced``), each set once its write landed.
 
 Status bodies are built from the resource models (``api/resources.py``), so a field that the schema
 would prune fails here, in a test, instead of vanishing silently on the apiserver.
@@ -52,9 +55,24 @@ def dispatched_fields(view: JobView, lane: str | None, history: DispatchHistory,
         fields["story"] = history.story(view.key, queued, until, decision.load)
         reason = "ModelLoad" if decision.load else "Warm"
         text = describe_dispatch(decision, shown_in(view.namespace))
-        view.conditions = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))
-        fields["conditions"] = view.conditions
+        fields["conditions"] = merge_condition(view.conditions, condition("Dispatched", True, reason, text, now))
     return fields
+
+
+def refreshable(view: JobView) -> bool:
+    """Whether a job's next position may go without its lock: our Pending status is on it, and its finalizer."""
+    return view.api_phase == "Pending" and FINALIZER in view.finalizers and len(view.written or ()) == 4
+
+
+def refreshed(status: Body, written: tuple[Any, ...] | None) -> list[Body]:
+    """A refresh as a JSON patch: it applies only while the job is still Pending on the cluster. Fields left
+    unset stay as the last queue write left them (it cleared reason and message); an estimate that went is
+    removed."""
+    patch: list[Body] = [{"op": "test", "path": "/status/phase", "value": "Pending"}]
+    patch += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in status.items() if v is not None]
+    if status.get("estimatedStart") is None and written is not None and written[2] is not None:
+        patch.append({"op": "remove", "path": "/status/estimatedStart"})
+    return patch
 
 
 class Ended(Enum):
@@ -117,8 +135,7 @@ class JobWrites:
             if view.finalizers
             else {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}
         ]
-        body = await self.kube.patch_job(view.namespace, view.name, patch)
-        view.finalizers = list(body["metadata"].get("finalizers") or [])
+        view.observe((await self.kube.patch_job(view.namespace, view.name, patch))["metadata"])
 
     async def drop_finalizer(self, namespace: str, name: str, finalizers: list[str]) -> None:
         remaining = [f for f in finalizers if f != FINALIZER]
@@ -139,6 +156,32 @@ class JobWrites:
             if FINALIZER in current:
                 await self.drop_finalizer(namespace, name, current)
 
+    async def position(self, view: JobView, status: Body, written: tuple[Any, ...], holds: Callable[[], bool]) -> None:
+        """A waiting job's queue status (``written`` says what it shows), while ``holds()`` says it still waits.
+        Once our Pending status and its finalizer are on it, a new position takes no lock, only a test that it is
+        still Pending on the cluster: the head job's refresh was often in flight, holding its lock, when the job
+        was dispatched, and its Running write waited one apiserver trip behind it."""
+        if refreshable(view):
+            if not holds():
+                return
+            try:
+                await self.kube.patch_job_status(view.namespace, view.name, refreshed(status, view.written))
+            except (Gone, Conflict):
+                return  # dispatched (its Running or Dispatching written first) or gone: nothing to show
+            if holds():
+                view.written, view.conditions = written, status["conditions"]
+            return
+        async with view.lock:
+            if not holds():
+                return  # dispatched or gone since the pass began
+            try:
+                if status.get("positionExact"):  # likely dispatched soon: take the finalizer off that path
+                    await self.add_finalizer(view)
+                await self.kube.patch_job_status(view.namespace, view.name, {"status": status})
+            except Gone:
+                return
+            view.written, view.conditions, view.api_phase = written, status["conditions"], "Pending"
+
     async def dispatched(self, view: JobView, fields: Body) -> bool:
         """Dispatching or Running, with the finalizer first. False if the job is gone."""
         try:
@@ -146,14 +189,16 @@ class JobWrites:
             await self.kube.patch_job_status(view.namespace, view.name, {"status": job_status(**fields)})
         except Gone:
             return False
-        view.api_phase = fields["phase"]
+        view.api_phase, view.written = fields["phase"], None  # its position is cleared
+        view.conditions = fields.get("conditions", view.conditions)
         self.announce(view)
         return True
 
     def announce(self, view: JobView) -> None:
-        """The Dispatched Event, posted once the job's own status says so (it would delay the status)."""
-        if view.decision is not None and not view.announced:
-            view.announced = True
+        """The Dispatched Event, posted once the job's own status says so (it would delay the status), once
+        per dispatch (a requeued job dispatched again is announced again)."""
+        if view.decision is not None and view.announced is not view.decision:
+            view.announced = view.decision
             text = describe_dispatch(view.decision, shown_in(view.namespace))
             self.spawn(self.kube.event(view.ref(), "Dispatched", text, now=view.decision.at))
 

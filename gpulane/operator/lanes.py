@@ -62,8 +62,6 @@ class LaneRunner:
         # own, so an old pod's last events may come after its replacement's first (backends.pod_changed).
         self.retired: deque[str] = deque(maxlen=16)
         self.delete_requested = 0.0
-        self.last_depth: dict[str, int] = {}  # queue depth per band, as last written to the lane's status
-        self.conditions: list[dict[str, Any]] = []
         self.generation = generation
         self.node_problem: str | None = None  # why its node cannot serve now (nodes.py); offline while set
         self.gave_back: str | None = None  # why it holds no model: its last one idled past its ttl

@@ -172,15 +172,17 @@ def adopt(ctl: Host, body: Body) -> None:
         return
     lane = status.get("lane") or ""
     view = JobView.of(body, result)
-    view.dispatched_at = parse_time(status.get("dispatchedAt")) or ctl.clock()
-    view.started_at = parse_time(status.get("startedAt"))
-    ctl.jobs.adopt(view, running=status.get("phase") == "Running")
+    dispatched_at, started_at = (
+        parse_time(status.get("dispatchedAt")) or ctl.clock(),
+        parse_time(status.get("startedAt")),
+    )
+    ctl.jobs.adopt(view, status.get("phase") == "Running", dispatched_at, started_at)
     runner = ctl.lanes.get(lane)
     if runner is None:
         ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
         return
-    ctl.apply(JobAdopted(result, lane, view.started_at or view.dispatched_at))
-    if ctl.history.recorded(lane, result.id, view.dispatched_at) is False:
+    ctl.apply(JobAdopted(result, lane, started_at or dispatched_at))
+    if ctl.history.recorded(lane, result.id, dispatched_at) is False:
         # Adopted all the same (the lane's history is written a moment after the job's dispatch, so a stop in
         # between leaves one out), but a status that someone with gpujobs/status rights forged says so.
         why = (f"its status says it was dispatched to lane {lane} at {status.get('dispatchedAt')}, which the lane's "

@@ -29,7 +29,7 @@ from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.forecast import forecasting
-from gpulane.kube.client import Conflict, Gone
+from gpulane.kube.client import Gone
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_table import JobState, JobTable, JobView
@@ -66,22 +66,6 @@ def pause(interval: float, elapsed: float, forecast_seconds: float) -> float:
     return max(0.05, interval - elapsed, forecast_seconds / FORECAST_SHARE - elapsed)
 
 
-def refreshable(view: JobView) -> bool:
-    """Whether a job's next position may go without its lock: our Pending status is on it, and its finalizer."""
-    return view.api_phase == "Pending" and FINALIZER in view.finalizers and len(view.written or ()) == 4
-
-
-def refreshed(status: Body, written: tuple[Any, ...] | None) -> list[Body]:
-    """A refresh as a JSON patch: it applies only while the job is still Pending on the cluster. Fields left
-    unset stay as the last queue write left them (it cleared reason and message); an estimate that went is
-    removed."""
-    patch: list[Body] = [{"op": "test", "path": "/status/phase", "value": "Pending"}]
-    patch += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in status.items() if v is not None]
-    if status.get("estimatedStart") is None and written is not None and written[2] is not None:
-        patch.append({"op": "remove", "path": "/status/estimatedStart"})
-    return patch
-
-
 def bucket(position: int, exact: int) -> int:
     """``position`` rounded up to the next of ``exact`` times 1, 2, 5, 10, 20, 50, ...: the rounded positions
     of jobs far from the head, which change only when a job crosses one of these boundaries."""
@@ -115,6 +99,9 @@ class StatusWriter:
         self._lanes: set[str] = set()
         self._models: set[str] = set()
         self._depth: dict[str, dict[str, int]] = {}
+        # What each lane's status shows, as last written: its queue depth per band and its conditions.
+        self._written_depth: dict[str, dict[str, int]] = {}
+        self._lane_conditions: dict[str, list[Body]] = {}
         self._last_pass = -math.inf
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
 
@@ -123,6 +110,15 @@ class StatusWriter:
 
     def model_dirty(self, model: str) -> None:
         self._models.add(model)
+
+    def lane_seen(self, lane: str, status: Body) -> None:
+        """A lane first seen: its conditions as its status shows them (their transition times carry on)."""
+        self._lane_conditions[lane] = list(status.get("conditions") or [])
+        self.lane_dirty(lane)
+
+    def lane_gone(self, lane: str) -> None:
+        for held in (self._written_depth, self._lane_conditions, self._depth):
+            held.pop(lane, None)
 
     async def run(self) -> None:
         interval = self.host.settings.status_interval
@@ -158,36 +154,7 @@ class StatusWriter:
         async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
             async with first if view.written is None else refresh:
                 await self._after_dispatches()
-                await locked(view, state, status, written)
-
-        async def locked(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
-            if state == JobState.PENDING and refreshable(view):
-                await reposition(view, state, status, written)
-                return
-            async with view.lock:
-                if not host.jobs.holds(view, state):
-                    return  # dispatched or gone since the pass began
-                try:
-                    if status.get("positionExact"):  # likely dispatched soon: take the finalizer off that path
-                        await host.writes.add_finalizer(view)
-                    await host.kube.patch_job_status(view.namespace, view.name, {"status": status})
-                except Gone:
-                    return
-                view.written = written
-                view.api_phase = "Pending"
-
-        async def reposition(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
-            """A new position for a job whose Pending status (and finalizer) we wrote: no lock, only a test that
-            it is still Pending on the cluster. The head job's refresh was often in flight, holding its lock,
-            when the job was dispatched, and its Running write waited one apiserver trip behind it."""
-            if not host.jobs.holds(view, state):
-                return
-            try:
-                await host.kube.patch_job_status(view.namespace, view.name, refreshed(status, view.written))
-            except (Gone, Conflict):
-                return  # dispatched (its Running or Dispatching written first) or gone: nothing to show
-            if host.jobs.holds(view, state):
-                view.written = written
+                await host.writes.position(view, status, written, lambda: host.jobs.holds(view, state))
 
         lanes, self._lanes = self._lanes, set()
         models, self._models = self._models, set()
@@ -241,7 +208,6 @@ class StatusWriter:
             if not self._changed(view.written, desired):
                 continue
             queued = condition("Admitted", True, "Queued", "waiting for a lane", now)
-            view.conditions = merge_condition(view.conditions, queued)
             status = job_status(
                 phase="Pending",
                 submittedAt=format_micro_time(view.job.submitted_at),
@@ -252,7 +218,7 @@ class StatusWriter:
                 positionExact=exact,
                 estimatedStart=None if start is None else format_time(start),
                 score=score_fields(score),
-                conditions=view.conditions,
+                conditions=merge_condition(view.conditions, queued),
             )
             writes.append((view, JobState.PENDING, status, desired))
         self.forecast_seconds = spent + time.perf_counter() - sliced
@@ -268,17 +234,16 @@ class StatusWriter:
                     if refused is None
                     else f"GpuModel {view.model!r} is not accepted ({refused}); the job waits until it is fixed"
                 )
-                view.conditions = merge_condition(view.conditions, condition("Admitted", False, reason, message, now))
                 status = job_status(
                     phase="Pending",
                     submittedAt=format_micro_time(view.job.submitted_at),
                     reason=reason,
                     message=message,
-                    conditions=view.conditions,
+                    conditions=merge_condition(view.conditions, condition("Admitted", False, reason, message, now)),
                 )
                 writes.append((view, JobState.PARKED, status, ("parked", refused)))
-        for name, runner in host.lanes.items():
-            if self._depth.get(name, {}) != runner.last_depth:
+        for name in host.lanes:
+            if self._depth.get(name, {}) != self._written_depth.get(name, {}):
                 self._lanes.add(name)
         return writes
 
@@ -304,8 +269,8 @@ class StatusWriter:
         spacing, now = host.dispatcher.policy.band_spacing, host.clock()
         depth = self._depth.get(name, {})
         # A merge patch merges maps: bands that emptied must be removed explicitly.
-        queue_depth: dict[str, int | None] = {**dict.fromkeys(runner.last_depth), **depth}
-        runner.last_depth = depth
+        queue_depth: dict[str, int | None] = {**dict.fromkeys(self._written_depth.get(name, {})), **depth}
+        self._written_depth[name] = depth
         ready = bool(pod and pod.ready and core and core.ready and pod.model == core.resident)
         if runner.node_problem is not None:
             ready, why, message = False, "NodeUnavailable", f"nothing is dispatched here: {runner.node_problem}"
@@ -315,14 +280,15 @@ class StatusWriter:
             why, message = "NoModel", runner.gave_back or "no model is loaded; the next dispatch loads one"
         else:
             why, message = "Loading", f"loading {core.resident}"
-        runner.conditions = merge_condition(runner.conditions, condition("Ready", ready, why, message, host.clock()))
+        ready_now = condition("Ready", ready, why, message, host.clock())
+        conditions = self._lane_conditions[name] = merge_condition(self._lane_conditions.get(name), ready_now)
         host.metrics.lane_ready.labels(name).set(1 if ready else 0)
         model = GpuLaneStatus.model_validate(
             {
                 "residentModel": core.resident if core else None,
                 "pod": pod.name if pod else None,
                 "ready": ready,
-                "conditions": runner.conditions,
+                "conditions": conditions,
                 "observedGeneration": runner.generation,
                 "history": host.history.of_lane(name),
                 "running": sorted(v.key for v in host.jobs.on_lane(name)),

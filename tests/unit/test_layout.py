@@ -104,3 +104,38 @@ def test_simulate_loads_none_of_the_cluster_libraries():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_each_field_of_a_jobs_view_has_one_writer():
+    """Where a job is (JobTable's moves), what its object says (JobWrites, once a write landed; ``observe``
+    for what an event tells) and whether an end is in flight (the controller) are each written in one module."""
+    from dataclasses import fields
+
+    from gpulane.operator.job_table import JobView
+
+    owners = {
+        **dict.fromkeys(("state", "decision", "dispatched_at", "started_at", "woke_at"), "operator/job_table.py"),
+        **dict.fromkeys(("api_phase", "conditions", "written", "announced"), "operator/job_writes.py"),
+        **dict.fromkeys(("finalizers", "executor_lease"), "operator/job_table.py"),  # JobView.observe
+        "ending": "operator/controller.py",
+    }
+    names = {f.name for f in fields(JobView)}
+    writers: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if not isinstance(t, ast.Attribute) or t.attr not in names:
+                        continue
+                    owner = getattr(t.value, "id", "")
+                    # ``self``: JobView's own methods (another class's attribute of the same name elsewhere)
+                    if owner in ("view", "v") or (owner == "self" and path.name == "job_table.py"):
+                        writers.setdefault(t.attr, set()).add(str(path.relative_to(PACKAGE)))
+    assert {field: sorted(paths) for field, paths in writers.items()} == {field: [owners[field]] for field in writers}
+    assert set(writers) == set(owners)  # every owned field is written somewhere, so the table above is alive

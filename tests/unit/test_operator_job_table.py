@@ -88,8 +88,8 @@ def test_a_released_parked_job_leaves_the_parking():
 def test_adopted_jobs_hold_the_lane_the_core_adopted_them_on():
     table, d = table_on({"gpu-0": None, "gpu-1": None})
     running, loading = view("r"), view("l")
-    table.adopt(running, running=True)
-    table.adopt(loading, running=False)
+    table.adopt(running, True, 0.0, 1.0)
+    table.adopt(loading, False, 0.0, None)
     assert table.on_lane("gpu-1") == []  # not before the core knows where they run
     d.handle(JobAdopted(running.job, "gpu-1", 0.0))
     d.handle(JobAdopted(loading.job, "gpu-1", 0.0))
