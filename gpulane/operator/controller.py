@@ -156,7 +156,7 @@ class Controller:
             view.observe(meta)
         if phase in TERMINAL_PHASES or (view is None and meta.get("deletionTimestamp")):
             if view is not None and view.active:
-                self._executor_finished(view, status)
+                self._executor_finished(view)
             if FINALIZER in finalizers:
                 self.spawn(self.writes.drop_finalizer(meta["namespace"], meta["name"], finalizers))
             if phase in TERMINAL_PHASES:
@@ -199,7 +199,7 @@ class Controller:
         body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
         self._refuse(body, Refusal("PolicyRejected", reason))
 
-    def _executor_finished(self, view: JobView, status: Body) -> None:
+    def _executor_finished(self, view: JobView) -> None:
         """Timed by the operator's own clock: an executor's finishedAt (at or before startedAt, say) would
         drag the model's learned run time, and with it every job's dispatch charge, toward 0."""
         self.release(view, None if view.started_at is None else max(0.0, self.clock() - view.started_at))
@@ -293,7 +293,7 @@ class Controller:
                 view.ending = False  # a failed write (a 429, a timeout) is retried by the next tick
             if result.ended == Ended.LOST:
                 if (result.fresh or {}).get("phase") in TERMINAL_PHASES:
-                    self._executor_finished(view, result.fresh or {})
+                    self._executor_finished(view)
                 return
             if phase == "Failed":
                 self.metrics.job_failures.labels(reason).inc()

@@ -37,26 +37,28 @@ class Refusal:
     message: str
 
 
-def submission_time(written: str | None, created: float | None, seen: float, after: float | None = None) -> float:
+def submission_time(body: Body, seen: float, arrivals: Arrivals | None = None) -> float:
     """When the job arrived, precisely and the same after any restart: what the operator wrote at first
     sight (``status.submittedAt``), else the first sight itself (``seen``). ``creationTimestamp`` has 1-s
     resolution, so jobs created in the same second would otherwise be ordered by name after a restart; the
     time is kept inside that second, and to the microsecond, as it is written.
 
-    A first sight is also later than ``after``, the latest this operator gave a job of the same second: jobs
-    seen only once their second has ended all fall on its last millisecond, and without this they would tie
-    there and be ordered by name by the next leader."""
-    at = parse_time(written)
-    fresh = at is None
-    if at is None:
-        at = round(seen, 6)
+    A first sight is also later than the latest time ``arrivals`` gave a job of the same second (and is
+    recorded there): jobs seen only once their second has ended all fall on its last millisecond, and
+    without this they would tie there and be ordered by name by the next leader."""
+    written = parse_time((body.get("status") or {}).get("submittedAt"))
+    created = parse_time(body["metadata"].get("creationTimestamp"))
+    at = round(seen, 6) if written is None else written
     if created is None:
         return at
     # A first sight falls by its last millisecond at the latest, which leaves a thousand microseconds to
     # keep apart the jobs seen later still; what was written is kept as written, within the second.
-    at = min(max(at, created), created + (0.999 if fresh else 0.999999))
-    if fresh and after is not None and at <= after < created + 0.999999:
-        at = round(after + 0.000001, 6)
+    at = min(max(at, created), created + (0.999 if written is None else 0.999999))
+    if written is None and arrivals is not None:
+        after = arrivals.after(created)
+        if after is not None and at <= after < created + 0.999999:
+            at = round(after + 0.000001, 6)
+        arrivals.gave(created, at)
     return at
 
 
@@ -98,11 +100,6 @@ def job_from_body(body: Body, policy: Policy | None, seen: float, arrivals: Arri
         refusal = policy_refusal(policy, priority, spec.tier or DEFAULT_TIER)
         if refusal is not None:
             return refusal
-    created = parse_time(meta.get("creationTimestamp"))
-    written = (body.get("status") or {}).get("submittedAt")
-    submitted = submission_time(written, created, seen, arrivals.after(created) if arrivals else None)
-    if arrivals is not None and not written:
-        arrivals.gave(created, submitted)
     return Job(
         id=job_key(body),
         model=spec.model,
@@ -110,7 +107,7 @@ def job_from_body(body: Body, policy: Policy | None, seen: float, arrivals: Arri
         tier=spec.tier or DEFAULT_TIER,
         member=spec.member or meta["namespace"],
         team=meta["namespace"],
-        submitted_at=submitted,
+        submitted_at=submission_time(body, seen, arrivals),
         expected_run_seconds=None if spec.expected_run_seconds is None else float(spec.expected_run_seconds),
         queue_timeout_seconds=None if spec.queue_timeout_seconds is None else float(spec.queue_timeout_seconds),
     )
