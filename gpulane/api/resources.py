@@ -194,6 +194,9 @@ class GpuJobStatus(CamelModel):
     # True when position and estimatedStart are exact; beyond the first jobs of a lane they are rounded.
     position_exact: bool | None = None
     estimated_start: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
+    # When the forecast that gave position and estimatedStart ran: far jobs' rounded ones are rewritten only
+    # when their bucket changes, and a long queue's whole forecast runs less often than its head's.
+    estimated_at: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
     score: ScoreTerms | None = None
     waited: str | None = None
     # When the operator first saw the job (to the millisecond): its place in arrival order, across restarts.

@@ -92,11 +92,9 @@ class Controller:
             log.error("background write failed", exc_info=task.exception())
 
     def start(self) -> None:
-        sync = resync.run(self, self.settings.resync_seconds, self._found_deleted, self._synced)
+        found = self.metrics.resync_deletions.labels
+        sync = resync.run(self, self.settings.resync_seconds, lambda kind: found(kind).inc(), self._synced)
         self._loops = [asyncio.create_task(loop) for loop in (self._tick(), self.status.run(), sync)]
-
-    def _found_deleted(self, kind: str) -> None:
-        self.metrics.resync_deletions.labels(kind).inc()
 
     def _synced(self) -> None:
         self.synced = True
@@ -134,6 +132,7 @@ class Controller:
         except (DispatchError, PolicyError) as err:
             log.error("the dispatcher refused %s: %s", type(event).__name__, err)
             return
+        self.status.applied(event)
         effects.apply(self, done, woke_at)
 
     # -- GpuJobs --------------------------------------------------------------------------------

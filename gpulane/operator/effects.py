@@ -114,6 +114,7 @@ def _requeued(ctl: Host, notice: Requeued) -> None:
     if view is None or not ctl.jobs.holds(view, JobState.ASSIGNED):
         return
     ctl.jobs.requeue(view)
+    ctl.status.reorder()  # it waits again, and needs a position
     if notice.to is None:
         reason = "LoadLost"
         message = f"lane {notice.lane}'s backend pod was lost before it was ready; it waits again, in its place"

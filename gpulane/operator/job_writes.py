@@ -48,6 +48,7 @@ def dispatched_fields(view: JobView, lane: str | None, history: DispatchHistory,
         "position": None,
         "positionExact": None,
         "estimatedStart": None,
+        "estimatedAt": None,
     }
     if decision is not None:
         fields["score"] = score_fields(decision.score)

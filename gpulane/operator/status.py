@@ -10,7 +10,12 @@ Writes are coalesced and rate-limited so that thousands of waiting jobs cause no
   boundary: a number that grows with the logarithm of the queue, not its length;
 - each pass writes the jobs that have no position yet first, then the rest, each head of the queue
   first, at most ``status_writes_per_second`` per second; whatever is left waits for the next pass,
-  which recomputes from the newest state.
+  which recomputes from the newest state;
+- a pass forecasts the whole queue only when its order changed beyond the head (a job arrived or went
+  back to waiting, a lane, model or the policy changed: ``reorder``) or the last whole forecast has aged
+  past its share of the loop; otherwise it forecasts the head of each lane alone. So a long queue's
+  dispatches do not each pay for a forecast of all of it; far jobs' rounded positions then lag by up to
+  that age, which their ``estimatedAt`` says.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
+from gpulane.core.events import Event, JobCancelled, JobFinished, ModelLoaded
 from gpulane.core.forecast import forecasting
 from gpulane.kube.client import Gone
 from gpulane.kube.protocol import KubeClient
@@ -53,6 +59,10 @@ DISPATCH_POLL_SECONDS = 0.005
 # The forecast gives the event loop its turn this often, and takes at most this share of the loop's time.
 FORECAST_SLICE_SECONDS = 0.003
 FORECAST_SHARE = 0.25
+# The whole queue's forecast, when nothing reordered it, takes at most this share of the loop's time.
+FULL_FORECAST_SHARE = 0.05
+# A head pass forecasts until each lane has its exact positions, or this many times their sum at most.
+HEAD_FORECAST_SPAN = 4
 DISPATCH_WAIT_SECONDS = 1.0
 
 # (job, the state it must still be in, the status to merge, what the writer remembers having written)
@@ -104,6 +114,27 @@ class StatusWriter:
         self._lane_conditions: dict[str, list[Body]] = {}
         self._last_pass = -math.inf
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
+        self._reordered = True  # the next pass forecasts the whole queue
+        self._full_at = -math.inf  # when the last whole forecast began (monotonic)
+        self._full_seconds = 0.0  # and what it cost
+        self._policy = host.dispatcher.policy  # the policy the last whole forecast ranked by
+
+    def reorder(self) -> None:
+        """The queue's order changed beyond its head, or a job waits without a position: the next pass
+        forecasts all of it."""
+        self._reordered = self.dirty = True
+
+    def applied(self, event: Event) -> None:
+        """An event the core took: a job's end or cancel, or a model loaded, moves the queue by one (each
+        lane's head has it); any other may reorder all of it, or bring a job that needs a position."""
+        if not isinstance(event, JobFinished | JobCancelled | ModelLoaded):
+            self.reorder()
+
+    def _full_due(self) -> bool:
+        if self.host.dispatcher.policy is not self._policy:  # a new policy ranks the whole queue anew
+            self._policy, self._reordered = self.host.dispatcher.policy, True
+        age = time.monotonic() - self._full_at
+        return self._reordered or age >= max(REFRESH_SECONDS, self._full_seconds / FULL_FORECAST_SHARE)
 
     def lane_dirty(self, lane: str) -> None:
         self._lanes.add(lane)
@@ -140,13 +171,15 @@ class StatusWriter:
             self._last_pass = now
             # First positions before refreshes, each head first: in a burst a job with no position at all
             # goes before one whose position moved (refreshes wait for a pass with budget left).
-            writes = sorted(await self._queue_writes(now), key=lambda w: w[0].written is not None)
+            full = self._full_due()
+            writes = sorted(await self._queue_writes(now, full), key=lambda w: w[0].written is not None)
             cost = 0
             for i, (view, _, status, _) in enumerate(writes):
                 # A job near the head also gets its finalizer: a second write.
                 cost += 2 if status.get("positionExact") and FINALIZER not in view.finalizers else 1
                 if cost > budget:
                     self.dirty = True  # the rest next pass, recomputed
+                    self._reordered = self._reordered or full
                     writes = writes[:i]
                     break
         first, refresh = asyncio.Semaphore(FIRST_WRITES), asyncio.Semaphore(REFRESH_WRITES)
@@ -176,22 +209,30 @@ class StatusWriter:
         pods = self.host.observed.pods
         return any((pod := pods.get(lane)) is not None and pod.ready for _, lane in self.host.jobs.assigned())
 
-    async def _queue_writes(self, now: float) -> list[Write]:
+    async def _queue_writes(self, now: float, full: bool = True) -> list[Write]:
+        """The waiting jobs' status writes: of the whole queue if ``full``, else of each lane's head."""
         host = self.host
         dispatcher = host.dispatcher
         exact_n = host.settings.exact_positions
         per_lane: Counter[str | None] = Counter()
         depth: dict[str, Counter[str]] = {name: Counter() for name in host.lanes}
         writes: list[Write] = []
+        began, stopped = time.monotonic(), False
+        if full:
+            self._reordered = False
+        head_span, short = HEAD_FORECAST_SPAN * exact_n * max(1, len(host.lanes)), set(host.lanes)
         # A long queue's forecast takes a while (0.6 s at 20,000): the loop gets its turn every slice, so a
         # dispatch that arrives meanwhile is not held behind the whole of it (its fork is a snapshot).
         sliced = begun = time.perf_counter()
         spent = 0.0  # the forecast's own time, without the loop's turns
-        for f in forecasting(dispatcher):
+        for seen, f in enumerate(forecasting(dispatcher)):
             if (now_perf := time.perf_counter()) - sliced > FORECAST_SLICE_SECONDS:
                 spent += now_perf - sliced
                 await asyncio.sleep(0)
                 sliced = time.perf_counter()
+            if not full and (not short or seen >= head_span):
+                stopped = True  # every lane's head is done
+                break
             view = host.jobs.get(f.job_id)
             if view is None or view.state != JobState.PENDING:
                 continue
@@ -201,7 +242,11 @@ class StatusWriter:
             index = per_lane[f.lane]
             per_lane[f.lane] += 1
             exact = index < exact_n
+            if not exact:
+                short.discard(f.lane or "")
             position = f.position if exact else bucket(f.position, exact_n)
+            if not exact and view.written is not None and view.written[:2] == (position, exact):
+                continue  # a bucket is rewritten only when it changes: no need for its score
             score = dispatcher.score(view.job, f.lane, now)
             start = None if f.start is None else round(f.start if exact else f.start / 60) * (1 if exact else 60)
             desired = (position, exact, start, round(score.total))
@@ -217,14 +262,17 @@ class StatusWriter:
                 position=position,
                 positionExact=exact,
                 estimatedStart=None if start is None else format_time(start),
+                estimatedAt=format_time(now),
                 score=score_fields(score),
                 conditions=merge_condition(view.conditions, queued),
             )
             writes.append((view, JobState.PENDING, status, desired))
         self.forecast_seconds = spent + time.perf_counter() - sliced
+        if not stopped:  # the whole queue was forecast (a head pass of a short queue too)
+            self._full_at, self._full_seconds = began, self.forecast_seconds
+            self._depth = {name: dict(c) for name, c in depth.items()}  # a head pass counts only the heads
         log.debug("forecast of %d jobs: %.3fs of %.3fs", sum(per_lane.values()), self.forecast_seconds,
                   time.perf_counter() - begun)  # fmt: skip
-        self._depth = {name: dict(c) for name, c in depth.items()}
         for view in host.jobs.parked():
             refused = host.observed.refused_models.get(view.model)
             if view.written != ("parked", refused):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import math
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -1362,6 +1363,76 @@ def test_a_dispatch_rewrites_the_far_positions_only_where_a_job_crosses_a_bucket
         moved = [(n, as_merge(p)) for n, p in statuses(w.kube, mark)]
         rounded = [p for _, p in moved if not p["status"]["positionExact"]]
         assert len(moved) - len(rounded) == 10 and len(rounded) <= 5, [p["status"]["position"] for _, p in rounded]
+
+    asyncio.run(scenario())
+
+
+def counted_forecasts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The forecast steps each status pass takes, one count per pass."""
+    passes: list[int] = []
+    real = status_module.forecasting
+
+    def counting(dispatcher: Any) -> Any:
+        passes.append(0)
+        for step in real(dispatcher):
+            passes[-1] += 1
+            yield step
+
+    monkeypatch.setattr(status_module, "forecasting", counting)
+    return passes
+
+
+def test_a_dispatch_forecasts_only_the_heads_until_a_job_arrives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: every pass forecast the whole queue, so at 20,000 pending each dispatch paid for a forecast
+    of all of it (CPU per dispatch 1.9x its value at 1,000). A job's end moves the queue by one: the next pass
+    forecasts each lane's head (its exact positions) and stops; an arrival reorders it: the next pass forecasts
+    all of it and gives the newcomer its position, with the time of that forecast."""
+    passes = counted_forecasts(monkeypatch)
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
+        await w.warm("run")
+        for i in range(600):
+            w.submit(f"q{i:03d}", created=T0 + 1 + i)
+        while w.ctl.status.dirty:
+            await w.ctl.status.flush()
+        assert passes[-1] >= 600
+        mark = len(w.kube.calls)
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))  # everyone moves up one
+        await w.ctl.status.flush()
+        assert passes[-1] <= status_module.HEAD_FORECAST_SPAN * 10
+        assert sum(1 for _, p in statuses(w.kube, mark) if as_merge(p)["status"]["positionExact"]) == 10
+        w.clock.now += 5
+        w.submit("late", created=T0 + 700)
+        await w.ctl.status.flush()
+        assert passes[-1] >= 600
+        late = [as_merge(p)["status"] for n, p in statuses(w.kube, mark) if n == "late"]
+        assert late and (late[-1]["position"], late[-1]["positionExact"]) == (1000, False)  # the 600th, rounded
+        assert late[-1]["estimatedAt"] == format_time(w.clock())
+
+    asyncio.run(scenario())
+
+
+def test_the_whole_queue_is_forecast_again_once_its_last_forecast_has_aged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Far jobs' rounded positions lag by at most the age of the last whole forecast: past it a pass forecasts
+    all of the queue again even when nothing reordered it."""
+    passes = counted_forecasts(monkeypatch)
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
+        await w.warm("run")
+        for i in range(100):
+            w.submit(f"q{i:03d}", created=T0 + 1 + i)
+        while w.ctl.status.dirty:
+            await w.ctl.status.flush()
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))
+        await w.ctl.status.flush()
+        assert passes[-1] <= status_module.HEAD_FORECAST_SPAN * 10
+        monkeypatch.setattr(status_module, "REFRESH_SECONDS", 0.0)
+        monkeypatch.setattr(status_module, "FULL_FORECAST_SHARE", math.inf)  # any age is old enough
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q001"))
+        await w.ctl.status.flush()
+        assert passes[-1] == 98
 
     asyncio.run(scenario())
 
