@@ -64,6 +64,8 @@ FULL_FORECAST_SHARE = 0.05
 # A head pass forecasts until each lane has its exact positions, or this many times their sum at most.
 HEAD_FORECAST_SPAN = 4
 DISPATCH_WAIT_SECONDS = 1.0
+# The most time one pass's write budget stands for.
+BUDGET_SECONDS = 60.0
 
 # (job, the state it must still be in, the status to merge, what the writer remembers having written)
 Write = tuple[JobView, JobState, Body, tuple[Any, ...]]
@@ -113,6 +115,8 @@ class StatusWriter:
         self._written_depth: dict[str, dict[str, int]] = {}
         self._lane_conditions: dict[str, list[Body]] = {}
         self._last_pass = -math.inf
+        self.monotonic = time.monotonic  # the passes' spacing (a test's own clock)
+        self._began = self.monotonic()  # when the last pass began
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
@@ -163,8 +167,13 @@ class StatusWriter:
 
     async def flush(self) -> None:
         host = self.host
-        now = host.clock()
-        budget = max(1, int(host.settings.status_writes_per_second * host.settings.status_interval))
+        now, began = host.clock(), self.monotonic()
+        # The writes a pass may make stand for the time since the last one: passes are spaced when the queue is
+        # long (every 16 s at 100,000 pending), and a budget of one interval's would then cap positions far below
+        # the rate (30 a second: 100,000 new jobs positioned in an hour).
+        since = min(max(began - self._began, host.settings.status_interval), BUDGET_SECONDS)
+        self._began = began
+        budget = max(1, int(host.settings.status_writes_per_second * since))
         writes: list[Write] = []
         if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
             self.dirty = False

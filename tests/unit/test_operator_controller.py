@@ -1554,6 +1554,31 @@ def test_a_burst_of_first_positions_goes_before_refreshes():
     asyncio.run(scenario())
 
 
+def test_a_pass_after_a_long_pause_may_write_for_all_of_it() -> None:
+    """Issue 35: a long queue's passes are spaced (every 16 s at 100,000 pending), but each pass's budget was
+    one interval's (500 writes), so positions went out at 30 a second while jobs arrived at 200. A pass's
+    budget stands for the time since the last one began (at most a minute)."""
+
+    async def scenario() -> list[int]:
+        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10, status_interval=1.0))
+        await w.warm("run")
+        mono = [1000.0]
+        w.ctl.status.monotonic = lambda: mono[0]
+        w.ctl.status._began = mono[0]
+        counts = []
+        for i in range(200):
+            w.submit(f"q{i:03d}", created=T0 + 1 + i)
+        for gap in (1.0, 5.0, 120.0):
+            mono[0] += gap
+            mark = len(w.kube.calls)
+            await w.ctl.status.flush()
+            counts.append(len(statuses(w.kube, mark)))
+        return counts
+
+    # 10 a second: an exact first position costs two writes (its finalizer), a rounded one one.
+    assert asyncio.run(scenario()) == [5, 45, 150]  # the last: all that was left (a budget of 600)
+
+
 def test_lane_queue_depth_removes_a_band_once_it_empties():
     async def scenario() -> None:
         w = World()
