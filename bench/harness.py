@@ -22,7 +22,7 @@ from kubernetes import client, config, watch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.e2e.operator_support import GROUP, VERSION, OperatorProcess, World  # noqa: E402
+from tests.e2e.operator_support import API, GROUP, VERSION, OperatorProcess, World  # noqa: E402
 from tests.e2e.support import Cluster, localcluster, wait_until  # noqa: E402
 
 
@@ -107,6 +107,11 @@ def bench_world(*operator_args: str) -> Iterator[Bench]:
     operator = OperatorProcess(cluster, work, *operator_args).start()
     print(f"operator log: {operator.log_path}", file=sys.stderr)
     world = World(cluster, api, namespace)
+    # The bench is its jobs' executor without a Lease: a job Running longer than runLimits.executorGraceSeconds
+    # (300 s) would fail NoExecutor, as the blockers of a 100,000-job burst did while it was positioned.
+    world.apply({"apiVersion": API, "kind": "GpuPolicy", "metadata": {"name": "default"},
+                 "spec": {"runLimits": {"executorGraceSeconds": 0}}})  # fmt: skip
+    world.cluster_objects.append(("gpupolicies", "default"))
     try:
         yield Bench(cluster, api, world, operator, namespace, work)
     finally:
