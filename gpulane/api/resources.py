@@ -159,7 +159,7 @@ class GpuJobSpec(CamelModel):
 class ScoreTerms(CamelModel):
     priority: int
     tier: int
-    affinity: int
+    affinity: float  # a share of the policy's affinityBonus where a switch costs less than a new pod
     aging: float
     total: float
 

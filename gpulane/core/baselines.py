@@ -11,15 +11,17 @@ from collections.abc import Iterator
 from gpulane.core.jobs import Job
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex
-from gpulane.core.ranking import Best, FairShareRanking, MemberLevel, Ranking
+from gpulane.core.ranking import Affinity, Best, FairShareRanking, MemberLevel, Ranking
 from gpulane.core.score import ScoreBreakdown
 
 
 class OrderedRanking:
-    """A baseline: one static key per job, ties to arrival, an optional bonus for the resident model.
+    """A baseline: one static key per job, ties to arrival, an optional bonus for the lane's models.
 
     ``priority`` ranks by priority + tier; ``aging`` adds aging from each job's own submission
-    (the per-job aging that the burst pitfall is about); ``resident_bonus`` is in aging-seconds.
+    (the per-job aging that the burst pitfall is about); ``resident_bonus`` is in aging-seconds, given in
+    proportion to a model's affinity; an infinite one (llama-swap's: the loaded models' requests first) only to
+    the models loaded on the lane.
     """
 
     def __init__(self, name: str, policy: Policy, *, priority: bool, aging: bool, resident_bonus: float = 0.0) -> None:
@@ -81,24 +83,29 @@ class OrderedRanking:
 
     def best(
         self,
-        resident: str | None,
+        affinity: Affinity,
         now: float,
         excluded: frozenset[str] = frozenset(),
         teams: frozenset[str] | None = None,
     ) -> Best | None:
         """Baselines know no teams: a reserved lane's owners are not told apart (no scenario reserves lanes)."""
-        return self._index.best(resident, self._bonus, excluded)
+        return self._index.best(self._bonuses(affinity), excluded)
 
-    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
-        scored_affinity = 0 < self._bonus < math.inf and job.model == resident
+    def _bonuses(self, affinity: Affinity) -> dict[str, float]:
+        if math.isinf(self._bonus):
+            return {model: self._bonus for model, share in affinity.items() if share >= 1.0}
+        return {model: share * self._bonus for model, share in affinity.items()} if self._bonus else {}
+
+    def breakdown(self, job: Job, affinity: Affinity, now: float) -> ScoreBreakdown:
+        share = affinity.get(job.model, 0.0) if 0 < self._bonus < math.inf else 0.0
         return ScoreBreakdown(
             job.priority,
             self.policy.bonus_for_tier(job.tier),
-            self.policy.affinity_bonus if scored_affinity else 0,
+            self.policy.affinity_bonus * share,
             (now - job.submitted_at) / self.policy.aging_divisor_seconds if self._aging else 0.0,
         )
 
-    def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]:
+    def alternatives(self, affinity: Affinity, winner: Job, now: float) -> dict[str, str]:
         return {}
 
     def copy(self) -> OrderedRanking:

@@ -41,7 +41,7 @@ from gpulane.core.events import (
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec, fair_share_member
 from gpulane.core.policy import Policy, PolicyError
-from gpulane.core.ranking import MemberLevel, Ranking
+from gpulane.core.ranking import NO_AFFINITY, Affinity, MemberLevel, Ranking
 from gpulane.core.score import ScoreBreakdown
 
 Clock = Callable[[], float]
@@ -252,7 +252,7 @@ class Dispatcher:
     def score(self, job: Job, lane_id: str | None, now: float) -> ScoreBreakdown:
         """A waiting job's score at ``now`` on ``lane_id`` (its affinity is the lane's resident model's)."""
         lane = self.lanes.get(lane_id or "")
-        return self.ranking.breakdown(job, None if lane is None else lane.resident, now)
+        return self.ranking.breakdown(job, NO_AFFINITY if lane is None else self._affinity(lane), now)
 
     def served(self) -> dict[MemberLevel, float]:
         """When each (member, band) queue was last served, to persist."""
@@ -450,7 +450,7 @@ class Dispatcher:
             charges = [r.charge for r in runs if r.charge is not None and r.job.id not in self._yielded]
             if len(charges) < len(runs):
                 continue
-            best = self.ranking.best(None, now, self.models.excluded_on(lane.id))
+            best = self.ranking.best(NO_AFFINITY, now, self.models.excluded_on(lane.id))
             if best is None:
                 continue
             _, seq, newcomer = best
@@ -463,7 +463,7 @@ class Dispatcher:
                 + (now - c.decision.at) / self.policy.aging_divisor_seconds
                 for c in charges
             )
-            if self.ranking.breakdown(newcomer, None, now).total - waiting <= margin:
+            if self.ranking.breakdown(newcomer, NO_AFFINITY, now).total - waiting <= margin:
                 continue
             for run, charge in zip(runs, charges, strict=True):
                 self._unrun(lane, run, charge)
@@ -483,10 +483,10 @@ class Dispatcher:
             if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
                 continue
             excluded = self.models.excluded_on(lane.id)
-            resident = None if lane.resident in excluded else lane.resident
-            best = None if lane.owners is None else self.ranking.best(resident, now, excluded, lane.owners)
+            affinity = self._affinity(lane, excluded)
+            best = None if lane.owners is None else self.ranking.best(affinity, now, excluded, lane.owners)
             if best is None:  # not reserved, or lent: none of its owners' jobs waits
-                best = self.ranking.best(resident, now, excluded)
+                best = self.ranking.best(affinity, now, excluded)
             if best is None:
                 if excluded:
                     continue  # nothing this lane may serve waits; another lane's models may
@@ -500,8 +500,9 @@ class Dispatcher:
 
     def _dispatch(self, lane: Lane, job: Job, seq: int) -> Dispatch:
         now = self.clock()
-        score = self.ranking.breakdown(job, lane.resident, now)
-        changed = self.ranking.alternatives(lane.resident, job, now) if self._explain else {}
+        affinity = self._affinity(lane)
+        score = self.ranking.breakdown(job, affinity, now)
+        changed = self.ranking.alternatives(affinity, job, now) if self._explain else {}
         load = job.model != lane.resident
         replaces = lane.resident if load else None
         # Charged now, so that a burst's usage shows at once; corrected when the job ends. Never below the
@@ -521,6 +522,12 @@ class Dispatcher:
         if self._explain:
             self.history.append(decision)
         return decision
+
+    def _affinity(self, lane: Lane, excluded: frozenset[str] = frozenset()) -> Affinity:
+        """The models whose jobs get affinity on ``lane``, and their shares: its resident model's, all of it."""
+        if lane.resident is None or lane.resident in excluded:
+            return NO_AFFINITY
+        return {lane.resident: 1.0}
 
     # -- forecasts ----------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ TERM_NAMES = {"aging": "aging", "affinity": "swap affinity", "fairShare": "fair 
 def format_score(score: ScoreBreakdown) -> str:
     """``112.5 = priority 100 + tier 2 + affinity 10 + aging 0.5``."""
     return (
-        f"{score.total:.1f} = priority {score.priority} + tier {score.tier} + affinity {score.affinity}"
+        f"{score.total:.1f} = priority {score.priority} + tier {score.tier} + affinity {score.affinity:g}"
         f" + aging {score.aging:.1f}"
     )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import JobFinished, dispatches
+from gpulane.core.ranking import NO_AFFINITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +60,7 @@ def forecasting(dispatcher: Dispatcher) -> Iterator[Forecast]:
             heapq.heappush(ends, (start + models.expected_run(decision.job), next(order), decision.job.id))
 
     # No lane will ever free up for these (none online): rank them, without a time.
-    while (best := sim.ranking.best(None, virtual[0])) is not None:
+    while (best := sim.ranking.best(NO_AFFINITY, virtual[0])) is not None:
         job = best[2]
         sim.ranking.take(job, virtual[0])
         yield Forecast(job.id, next(position), None, None)

@@ -1,4 +1,4 @@
-"""A ranked set of items with static keys, and a bonus for one model at lookup time.
+"""A ranked set of items with static keys, and bonuses for some models at lookup time.
 
 Aging grows at the same rate for every waiting job, so between events the order of jobs
 never changes: a job's score is ``static_key + now / divisor`` (plus affinity). Keys are
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -46,19 +46,18 @@ class RankedIndex(Generic[T]):
     def discard(self, item: Hashable) -> None:
         self._live.pop(item, None)
 
-    def best(
-        self, model: str | None, bonus: float, excluded: frozenset[str] = frozenset()
-    ) -> tuple[float, int, T] | None:
-        """The best (value, seq, payload), where items of ``model`` get ``bonus`` added; items of the ``excluded``
-        models are left out (a lane they are pinned away from: one peek per model then)."""
+    def best(self, bonuses: Mapping[str, float], excluded: frozenset[str] = frozenset()) -> tuple[float, int, T] | None:
+        """The best (value, seq, payload), where items of a model in ``bonuses`` get its bonus added (one peek per
+        such model); items of the ``excluded`` models are left out (a lane they are pinned away from: one peek per
+        model then)."""
         if excluded:
-            return self._best_allowed(model, bonus, excluded)
+            return self._best_allowed(bonuses, excluded)
         top = self._peek(self._all)
         if top is None:
             return None
         value, seq, payload = -top[0], top[1], top[5]
-        if model is not None and bonus:
-            heap = self._by_model.get(model)
+        for model, bonus in bonuses.items():
+            heap = self._by_model.get(model) if bonus else None
             local = self._peek(heap) if heap else None
             if local is not None:
                 local_value = -local[0] + bonus
@@ -66,13 +65,13 @@ class RankedIndex(Generic[T]):
                     value, seq, payload = local_value, local[1], local[5]
         return value, seq, payload
 
-    def _best_allowed(self, model: str | None, bonus: float, excluded: frozenset[str]) -> tuple[float, int, T] | None:
+    def _best_allowed(self, bonuses: Mapping[str, float], excluded: frozenset[str]) -> tuple[float, int, T] | None:
         chosen: tuple[float, int, T] | None = None
         for name, heap in self._by_model.items():
             top = self._peek(heap) if name not in excluded else None
             if top is None:
                 continue
-            value = -top[0] + (bonus if name == model else 0.0)
+            value = -top[0] + bonuses.get(name, 0.0)
             if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
                 chosen = (value, top[1], top[5])
         return chosen

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Protocol, TypeVar
 
 from gpulane.core.jobs import Job, fair_share_member
@@ -19,6 +19,10 @@ from gpulane.core.usage import NEGLIGIBLE, UsageLedger
 
 Best = tuple[float, int, Job]
 MemberLevel = tuple[str, int]  # (member, band index)
+# On one lane, the models whose jobs get affinity, each with its share of the bonus in (0, 1]: 1 for a model
+# loaded there (no switch at all), less for one its server can load for less than a new pod costs.
+Affinity = Mapping[str, float]
+NO_AFFINITY: Affinity = {}
 
 
 class Ranking(Protocol):
@@ -40,13 +44,13 @@ class Ranking(Protocol):
     def team_usage(self, now: float) -> dict[MemberLevel, float]: ...
     def best(
         self,
-        resident: str | None,
+        affinity: Affinity,
         now: float,
         excluded: frozenset[str] = frozenset(),
         teams: frozenset[str] | None = None,
     ) -> Best | None: ...
-    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown: ...
-    def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]: ...
+    def breakdown(self, job: Job, affinity: Affinity, now: float) -> ScoreBreakdown: ...
+    def alternatives(self, affinity: Affinity, winner: Job, now: float) -> dict[str, str]: ...
     def copy(self) -> Ranking: ...
 
 
@@ -223,44 +227,45 @@ class FairShareRanking:
 
     def best(
         self,
-        resident: str | None,
+        affinity: Affinity,
         now: float,
         excluded: frozenset[str] = frozenset(),
         teams: frozenset[str] | None = None,
     ) -> Best | None:
-        """The best waiting job for a lane holding ``resident``, leaving out the ``excluded`` models; only of
-        ``teams`` if given (a reserved lane's owners)."""
+        """The best waiting job for a lane whose models get ``affinity``, leaving out the ``excluded`` models;
+        only of ``teams`` if given (a reserved lane's owners)."""
         bonus = self.policy.affinity_bonus * self._divisor
         only = None if teams is None else {_tree_key("", team) for team in teams}
         if self._by_usage:
-            return self._best_by_usage(resident, bonus, now, excluded, only)
+            return self._best_by_usage(affinity, bonus, now, excluded, only)
+        bonuses = {model: share * bonus for model, share in affinity.items()}
         if only is None:
-            return self._heads.best(resident, bonus, excluded)
+            return self._heads.best(bonuses, excluded)
         chosen: Best | None = None
         for key in only & self._team_heads.keys():
-            top = self._team_heads[key].best(resident, bonus, excluded)
+            top = self._team_heads[key].best(bonuses, excluded)
             if top is not None and _better(top, chosen):
                 chosen = top
         return chosen
 
-    def breakdown(self, job: Job, resident: str | None, now: float) -> ScoreBreakdown:
+    def breakdown(self, job: Job, affinity: Affinity, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
         # oldest waiting job, right after the member was served; reported as ranked.
         level = (fair_share_member(job), self.policy.band(job.priority))
         return ScoreBreakdown(
             priority=job.priority,
             tier=self.policy.bonus_for_tier(job.tier),
-            affinity=self.policy.affinity_bonus if job.model == resident else 0,
+            affinity=self.policy.affinity_bonus * affinity.get(job.model, 0.0),
             aging=(now - self._aging_start(job, level)) / self._divisor,
         )
 
-    def alternatives(self, resident: str | None, winner: Job, now: float) -> dict[str, str]:
+    def alternatives(self, affinity: Affinity, winner: Job, now: float) -> dict[str, str]:
         """The winner without each term; a term appears only where it changed the winner."""
         bonus = self.policy.affinity_bonus
         candidates = {
-            "aging": self._heads_no_aging.best(resident, bonus),
-            "affinity": self.best(None, now),
-            "fairShare": self._no_fair_share.best(resident, bonus * self._divisor),  # usage or turns
+            "aging": self._heads_no_aging.best({m: share * bonus for m, share in affinity.items()}),
+            "affinity": self.best(NO_AFFINITY, now),
+            "fairShare": self._no_fair_share.best({m: share * bonus * self._divisor for m, share in affinity.items()}),
         }
         return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
 
@@ -299,19 +304,19 @@ class FairShareRanking:
             self._refresh_level(level)
 
     def _best_by_usage(
-        self, resident: str | None, bonus: float, now: float, excluded: frozenset[str], only: set[str] | None
+        self, affinity: Affinity, bonus: float, now: float, excluded: frozenset[str], only: set[str] | None
     ) -> Best | None:
-        """Each band's job by usage (the resident model's if affinity covers the gap), then the best of those
-        by their own scores."""
+        """Each band's job by usage (an affine model's if affinity covers the gap), then the best of those by
+        their own scores."""
         chosen: Best | None = None
         for band, teams in self._bands.items():
             if only is not None:
                 teams = {key: index for key, index in teams.items() if key in only}
-            top = self._band_pick(band, teams, resident, bonus, now, excluded)
+            top = self._band_pick(band, teams, affinity, bonus, now, excluded)
             if top is None:
                 continue
             job = top[2]
-            value = self._own_key[(fair_share_member(job), band, job.model)] + (bonus if job.model == resident else 0.0)
+            value = self._own_key[(fair_share_member(job), band, job.model)] + bonus * affinity.get(job.model, 0.0)
             if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
                 chosen = (value, top[1], job)
         return chosen
@@ -320,38 +325,48 @@ class FairShareRanking:
         self,
         band: int,
         teams: dict[str, RankedIndex[Job]],
-        resident: str | None,
+        affinity: Affinity,
         bonus: float,
         now: float,
         excluded: frozenset[str],
     ) -> Best | None:
         """The band's job under usage: the team that used least for its weight, its member that used least for
-        its weight; or the resident model's best job, when affinity covers what separates it from that one."""
+        its weight; or an affine model's best job, when its affinity beyond that job's covers what separates
+        them (of several, the one it carries furthest)."""
         top: Best | None = None
-        local: Best | None = None
+        local: dict[str, Best] = {}
         for index in teams.values():
-            head = index.best(None, 0.0, excluded)
+            head = index.best(NO_AFFINITY, excluded)
             if head is not None and _better(head := self._in_tree(head, band), top):
                 top = head
-            mine = index.best_of(resident) if resident is not None and resident not in excluded else None
-            if mine is not None and _better(mine := self._in_tree(mine, band), local):
-                local = mine
-        if top is None or local is None or top[2].model == resident:
+            for model in affinity.keys() - excluded:
+                mine = index.best_of(model)
+                if mine is not None and _better(mine := self._in_tree(mine, band), local.get(model)):
+                    local[model] = mine
+        if top is None:
             return top
-        return local if self._resident_first(local, top, band, bonus, now) else top
+        chosen, beaten = top, (top[0], top[1])
+        for model, mine in local.items():
+            share = affinity[model] - affinity.get(top[2].model, 0.0)
+            if share <= 0:
+                continue
+            value = self._credited(mine, top, band, bonus * share, share, now)
+            if value > beaten[0] or (value == beaten[0] and mine[1] < beaten[1]):
+                chosen, beaten = mine, (value, mine[1])
+        return chosen
 
     def _in_tree(self, head: Best, band: int) -> Best:
         """A team's head ranked among the band's teams: its key with the team's usage clock for its member's."""
         job = head[2]
         return head[0] + self._member_start(job, band) - self._team_start(job, band), head[1], job
 
-    def _resident_first(self, local: Best, top: Best, band: int, bonus: float, now: float) -> bool:
-        """Whether the band's best job for the resident model goes ahead of its best job by usage: its key moves
-        forward by the bonus (as under turns, and always inside one member), or by what crediting its team
-        (another team's job) or its member (a teammate's) ``affinity_credit`` GPU-seconds moves it, whichever
-        is more."""
+    def _credited(self, local: Best, top: Best, band: int, bonus: float, share: float, now: float) -> float:
+        """An affine model's best job of the band against its best job by usage, on the latter's scale: its key
+        moved forward by the bonus (as under turns, and always inside one member), or by what crediting its team
+        (another team's job) or its member (a teammate's) ``share`` of ``affinity_credit`` GPU-seconds moves it,
+        whichever is more."""
         job, other = local[2], top[2]
-        mine, theirs, credit = local[0], top[0], bonus
+        mine, credit = local[0], bonus
         who = fair_share_member(job)
         if who != fair_share_member(other):
             level = (who, band)
@@ -361,15 +376,14 @@ class FairShareRanking:
                 weight, start = self._weights[who][0], self._team_start
             else:  # teammates: by their own keys, as inside the team
                 ledger, key, weight = self._ledger, level, self._weights[who][1]
-                mine, theirs = self._own_usage_key(job, band), self._own_usage_key(other, band)
+                mine = self._own_usage_key(job, band) + top[0] - self._own_usage_key(other, band)
                 start = self._member_start
             clock = ledger.clock(key)
             if clock is not None:
-                rest = ledger.seconds(key, now) - self.affinity_credit  # real GPU-seconds, whatever the weight
+                rest = ledger.seconds(key, now) - self.affinity_credit * share  # real GPU-seconds, whatever the weight
                 credited = None if rest < NEGLIGIBLE else now + ledger.half_life * math.log2(rest / weight)
                 credit = max(bonus, start(job, band) - self._usage_start(job, level, credited))
-        value = mine + credit
-        return value > theirs or (value == theirs and local[1] < top[1])
+        return mine + credit
 
     def _team(self, job: Job) -> str | None:
         """The job's team in the tree: its namespace, or the team ``fairShareTeams`` puts its member in."""

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 class ScoreBreakdown:
     priority: int
     tier: int
-    affinity: int
+    affinity: float
     aging: float
 
     @property

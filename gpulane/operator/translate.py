@@ -186,8 +186,9 @@ def merge_condition(existing: list[dict[str, Any]] | None, new: dict[str, Any]) 
 
 
 def score_fields(score: ScoreBreakdown) -> dict[str, float]:
-    """The score as written to a status: aging and total to two decimals (the clock is sub-second)."""
-    return {**score.as_dict(), "aging": round(score.aging, 2), "total": round(score.total, 2)}
+    """The score as written to a status: affinity, aging and total to two decimals (the clock is sub-second)."""
+    rounded = {term: round(getattr(score, term), 2) for term in ("affinity", "aging")}
+    return {**score.as_dict(), **rounded, "total": round(score.total, 2)}
 
 
 def dispatch_record(decision: Dispatch) -> dict[str, Any]:

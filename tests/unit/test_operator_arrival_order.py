@@ -17,7 +17,7 @@ def dispatch_order(w: World, ctl: Controller) -> list[str]:
     """The waiting jobs in the order the core dispatches them onto the lane of "m": its picks, one by one,
     on a copy of the ranking."""
     ranking, order = ctl.dispatcher.ranking.copy(), []
-    while (best := ranking.best("m", 0.0)) is not None:
+    while (best := ranking.best({"m": 1.0}, 0.0)) is not None:
         ranking.take(best[2], w.clock())
         order.append(best[2].id.removeprefix(f"{NS}/"))
     return order
