@@ -68,8 +68,9 @@ class Running:
 
 @dataclass(slots=True)
 class Lane:
-    """One GPU. ``resident`` is the model loaded or loading; ``running`` holds its jobs, in dispatch order: the
-    one record of where a job runs."""
+    """One GPU. ``resident`` is the model loaded or loading, the one serving; ``running`` holds its jobs, in
+    dispatch order: the one record of where a job runs. A lane whose pod runs a ``server`` that holds several
+    models (llama-server's router mode) keeps the others it holds in ``loaded``, with when each last served."""
 
     id: str
     online: bool = True
@@ -79,10 +80,18 @@ class Lane:
     evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
     idle_since: float | None = None  # when its last job ended, its model still loaded (for the model's ttl)
     owners: frozenset[str] | None = None  # the teams it is reserved for: theirs first, others borrow it
+    server: str | None = None  # the server its pod runs, for models that share one (None: a pod per model)
+    loaded: dict[str, float] = field(default_factory=dict)  # the server's other models -> when last served
+    memory_mib: int | None = None  # its GPU memory; None: its server holds one model at a time
 
     @property
     def ready(self) -> bool:
         return self.resident is not None and self.loading_since is None
+
+    def clear(self) -> None:
+        """Its pod is gone, or gives every model up: nothing is loaded."""
+        self.resident, self.loading_since, self.evicting, self.idle_since = None, None, False, None
+        self.server, self.loaded = None, {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +103,7 @@ class LaneState:
     resident: str | None
     ready: bool
     owners: frozenset[str] | None  # the namespaces it is reserved for
+    loaded: frozenset[str] = frozenset()  # the other models its server holds beside the resident
 
 
 class DispatchError(ValueError):
@@ -165,22 +175,24 @@ class Dispatcher:
                 self.ranking.restore_usage(member, priority, seconds, at)
             case TeamUsageRestored(team, priority, seconds, at):
                 self.ranking.restore_team_usage(team, priority, seconds, at)
-            case LaneUpdated(lane_id, online, resident):
-                self._update_lane(lane_id, online, resident)
+            case LaneUpdated(lane_id, online, resident, loaded, memory_mib):
+                self._update_lane(lane_id, online, resident, loaded, memory_mib)
             case LaneReserved(lane_id, owners):  # a lane first seen here is offline until LaneUpdated says
                 self.lanes.setdefault(lane_id, Lane(lane_id, online=False)).owners = owners
             case LoadLost(lane_id):
                 self._lose_load(lane_id)
-            case ModelLoaded(lane_id, model, load_seconds):
+            case ModelLoaded(lane_id, model, load_seconds, in_server):
                 self._loaded(lane_id, model)
                 if load_seconds is not None:
-                    self.models.observe_load(model, load_seconds)
+                    (self.models.observe_switch if in_server else self.models.observe_load)(model, load_seconds)
             case ModelUpdated(spec):
                 self.models.update(spec)
             case ModelRemoved(model):
+                for lane in self.lanes.values():
+                    lane.loaded.pop(model, None)  # the lane's runner has its server unload it
                 self._drain(lane for lane in self.lanes.values() if lane.resident == model)
             case UnloadAll():
-                self._drain(lane for lane in self.lanes.values() if lane.resident is not None)
+                self._drain(lane for lane in self.lanes.values() if lane.resident is not None or lane.loaded)
 
     def replace_policy(self, policy: Policy) -> list[tuple[Job, str]]:
         """Re-rank every waiting job under ``policy``, keeping arrival order and fair-share clocks.
@@ -243,7 +255,9 @@ class Dispatcher:
 
     def lane_state(self, lane_id: str) -> LaneState | None:
         lane = self.lanes.get(lane_id)
-        return None if lane is None else LaneState(lane.id, lane.online, lane.resident, lane.ready, lane.owners)
+        if lane is None:
+            return None
+        return LaneState(lane.id, lane.online, lane.resident, lane.ready, lane.owners, frozenset(lane.loaded))
 
     def pending(self) -> Iterator[Job]:
         """The waiting jobs, in arrival order."""
@@ -326,15 +340,23 @@ class Dispatcher:
         self._forget(job.id)
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
         lane.resident, lane.loading_since, lane.idle_since = job.model, None, None
+        lane.server = self.models.get(job.model).server
         lane.running[job.id] = Running(job, lane_id, started_at)
         self.ranking.note_served(fair_share_member(job), job.priority, started_at)
 
-    def _update_lane(self, lane_id: str, online: bool, resident: str | None) -> None:
+    def _update_lane(
+        self, lane_id: str, online: bool, resident: str | None, loaded: frozenset[str], memory_mib: int | None
+    ) -> None:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
-        lane.online = online
+        lane.online, lane.memory_mib = online, memory_mib
         if resident != lane.resident:
             lane.resident, lane.loading_since, lane.evicting = resident, None, False
             lane.idle_since = None
+        if loaded != lane.loaded.keys():
+            now = self.clock()
+            lane.loaded = {model: lane.loaded.get(model, now) for model in loaded - {resident}}
+        held = [self.models.get(m).server for m in (resident, *loaded) if m is not None]
+        lane.server = held[0] if held else None
         self._evict_if_idle(lane)  # a model found loaded with no job (a rebuild): its idle time starts now
 
     def _lose_load(self, lane_id: str) -> None:
@@ -348,7 +370,7 @@ class Dispatcher:
                     self._unrun(lane, run, run.charge)
                     self._reloaded.add(job_id)
                     self._effects.append(Requeued(run.job, lane.id, now, None))
-        lane.resident, lane.loading_since, lane.evicting, lane.idle_since = None, None, False, None
+        lane.clear()
 
     def _drain(self, lanes: Iterable[Lane]) -> None:
         """These lanes take no new job and drop their model once their jobs end (at once when none runs)."""
@@ -361,7 +383,7 @@ class Dispatcher:
         if lane.running:
             return
         if lane.evicting:
-            lane.resident, lane.loading_since, lane.evicting, lane.idle_since = None, None, False, None
+            lane.clear()
         if lane.resident is not None and lane.idle_since is None:
             lane.idle_since = self.clock()
 
@@ -371,7 +393,9 @@ class Dispatcher:
             due = self._idle_deadline(lane)
             if due is not None and due <= now and lane.resident is not None and lane.idle_since is not None:
                 self._effects.append(Unloaded(lane.id, lane.resident, now - lane.idle_since, now))
-                lane.resident, lane.loading_since, lane.idle_since = None, None, None
+                lane.resident, lane.loading_since, lane.idle_since = None, None, None  # its server keeps the others
+                if not lane.loaded:
+                    lane.server = None
 
     def _idle_deadline(self, lane: Lane) -> float | None:
         if lane.running or lane.resident is None or lane.idle_since is None:
@@ -503,17 +527,29 @@ class Dispatcher:
         affinity = self._affinity(lane)
         score = self.ranking.breakdown(job, affinity, now)
         changed = self.ranking.alternatives(affinity, job, now) if self._explain else {}
-        load = job.model != lane.resident
-        replaces = lane.resident if load else None
+        spec = self.models.get(job.model)
+        in_server = lane.server is not None and spec.server == lane.server
+        evicts: tuple[str, ...] = ()
+        load = job.model != lane.resident and not (in_server and job.model in lane.loaded)
+        replaces = lane.resident if load and not in_server else None
         # Charged now, so that a burst's usage shows at once; corrected when the job ends. Never below the
         # model's learned run: a submitter's own low estimate (expectedRunSeconds: 0) would buy turns.
-        spec = self.models.get(job.model)
-        expected = max(self.models.expected_run(job), spec.run_seconds) + (spec.load_seconds if load else 0.0)
+        cost = (
+            (spec.load_seconds if spec.switch_seconds is None or not in_server else spec.switch_seconds)
+            if load
+            else 0.0
+        )
+        expected = max(self.models.expected_run(job), spec.run_seconds) + cost
         served_before = self.ranking.take(job, now, expected)
-        if load:
-            lane.resident, lane.loading_since = job.model, now
+        if job.model != lane.resident:
+            if in_server:
+                evicts = self._switch(lane, job.model, now, load)
+            else:
+                lane.clear()
+                lane.server = spec.server
+            lane.resident, lane.loading_since = job.model, now if load else None
         lane.idle_since = None
-        decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed)
+        decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed, in_server and load, evicts)
         charge = Charge(decision, seq, expected, served_before, self._seq)
         started = now if lane.ready else None
         if started is not None:
@@ -523,11 +559,38 @@ class Dispatcher:
             self.history.append(decision)
         return decision
 
+    def _switch(self, lane: Lane, model: str, now: float, load: bool) -> tuple[str, ...]:
+        """The lane's server serves ``model`` next: the model it served stays loaded beside it (one still loading
+        is given up), and, for a load, the least recently served give way until the new one fits its memory."""
+        if lane.resident is not None and lane.ready:
+            lane.loaded[lane.resident] = now
+        lane.loaded.pop(model, None)
+        if not load:
+            return ()
+        room = lane.memory_mib
+        keep, evicts, used = {}, [], self.models.get(model).memory_mib
+        for other, last in sorted(lane.loaded.items(), key=lambda item: -item[1]):  # most recently served first
+            need = self.models.get(other).memory_mib
+            if room is not None and used + need <= room:
+                keep[other], used = last, used + need
+            else:
+                evicts.append(other)
+        if lane.resident is not None and not lane.ready:
+            evicts.append(lane.resident)
+        lane.loaded = keep
+        return tuple(evicts)
+
     def _affinity(self, lane: Lane, excluded: frozenset[str] = frozenset()) -> Affinity:
-        """The models whose jobs get affinity on ``lane``, and their shares: its resident model's, all of it."""
-        if lane.resident is None or lane.resident in excluded:
-            return NO_AFFINITY
-        return {lane.resident: 1.0}
+        """The models whose jobs get affinity on ``lane``, and their shares: all of it for the models loaded
+        there (no switch at all); for the other models of its server, what a switch saves against a new pod."""
+        shares: dict[str, float] = {}
+        if lane.server is not None:
+            for spec in self.models.of_server(lane.server):
+                if (share := self.models.switch_share(spec.name)) > 0:
+                    shares[spec.name] = share
+        for model in (*lane.loaded, *([] if lane.resident is None else [lane.resident])):
+            shares[model] = 1.0
+        return {model: share for model, share in shares.items() if model not in excluded} if shares else NO_AFFINITY
 
     # -- forecasts ----------------------------------------------------------------------
 
@@ -535,9 +598,12 @@ class Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
         clone.lanes = {
-            k: Lane(v.id, v.online, v.resident, dict(v.running), v.loading_since, v.evicting, v.idle_since, v.owners)
+            k: Lane(
+                v.id, v.online, v.resident, dict(v.running), v.loading_since, v.evicting, v.idle_since, v.owners,
+                v.server, dict(v.loaded), v.memory_mib,
+            )
             for k, v in self.lanes.items()
-        }
+        }  # fmt: skip
         clone._seq = self._seq
         clone._deadlines = dict(self._deadlines)
         clone._deadline_heap = list(self._deadline_heap)

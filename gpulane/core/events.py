@@ -75,11 +75,15 @@ class TeamUsageRestored:
 
 @dataclass(frozen=True, slots=True)
 class LaneUpdated:
-    """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it."""
+    """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it (serving), and
+    ``loaded`` the other models its server holds beside it. ``memory_mib``: its GPU memory, for models that stay
+    loaded together (None: one model at a time)."""
 
     lane: str
     online: bool = True
     resident: str | None = None
+    loaded: frozenset[str] = frozenset()
+    memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +110,8 @@ class LoadLost:
 class ModelLoaded:
     lane: str
     model: str
-    load_seconds: float | None = None  # observed, to learn the model's load time
+    load_seconds: float | None = None  # observed, to learn the model's load time (or its switch time)
+    in_server: bool = False  # loaded by the lane's running server, not in a new pod: a switch
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,10 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Run ``job`` on ``lane``. ``load`` means the lane must load ``model`` first (replacing ``replaces``)."""
+    """Run ``job`` on ``lane``. ``load`` means the lane must load ``model`` first: in a new pod, replacing
+    ``replaces`` (and every model its server held), or, ``in_server``, by the lane's running server, which
+    first unloads ``evicts`` to make room and keeps its other models. A dispatch to a model the server holds
+    already (``load`` false, ``replaces`` None) switches to it at no cost."""
 
     job: Job
     lane: str
@@ -161,6 +169,8 @@ class Dispatch:
     score: ScoreBreakdown
     # Terms that changed the winner, each mapped to the job that would have won without it.
     changed_by: dict[str, str] = field(default_factory=dict)
+    in_server: bool = False
+    evicts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

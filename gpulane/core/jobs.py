@@ -39,13 +39,23 @@ class ModelSpec:
     ttl_seconds: float | None = None
     # The only lanes that may serve it (its GpuModel's laneSelector); None: any lane.
     lanes: frozenset[str] | None = None
+    # The server that can hold it beside the other models of the same server and switch between them without a
+    # new pod (llama-server's router mode); None: a pod of its own, replaced on every swap.
+    server: str | None = None
+    # The GPU memory it takes when loaded, for models that stay loaded together on a lane that states its own.
+    memory_mib: int = 0
+    # Loading it into a running server (a switch, no new pod); None: as long as ``load_seconds``.
+    switch_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int):
             raise ValueError(f"model {self.name!r}: maxConcurrency must be an integer, got {self.max_concurrency!r}")
         if self.max_concurrency < 1:
             raise ValueError(f"model {self.name!r}: maxConcurrency must be >= 1, got {self.max_concurrency}")
-        for what, value in (("load", self.load_seconds), ("run", self.run_seconds)):
+        if self.memory_mib < 0:
+            raise ValueError(f"model {self.name!r}: memory must be >= 0 MiB, got {self.memory_mib}")
+        switch = self.load_seconds if self.switch_seconds is None else self.switch_seconds
+        for what, value in (("load", self.load_seconds), ("run", self.run_seconds), ("switch", switch)):
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"model {self.name!r}: {what} seconds must be a finite number >= 0, got {value}")
         if self.ttl_seconds is not None and not (math.isfinite(self.ttl_seconds) and self.ttl_seconds > 0):
@@ -83,6 +93,21 @@ class ModelCatalog:
     def observe_load(self, name: str, seconds: float) -> None:
         spec = self.get(name)
         self._specs[name] = replace(spec, load_seconds=self._blend(spec.load_seconds, seconds))
+
+    def observe_switch(self, name: str, seconds: float) -> None:
+        spec = self.get(name)
+        old = spec.load_seconds if spec.switch_seconds is None else spec.switch_seconds
+        self._specs[name] = replace(spec, switch_seconds=self._blend(old, seconds))
+
+    def switch_share(self, name: str) -> float:
+        """What a switch into a running server saves against a new pod, as a share of the new pod's cost."""
+        spec = self.get(name)
+        if spec.switch_seconds is None or spec.load_seconds <= 0:
+            return 0.0
+        return max(0.0, 1.0 - spec.switch_seconds / spec.load_seconds)
+
+    def of_server(self, server: str) -> list[ModelSpec]:
+        return [spec for spec in self._specs.values() if spec.server == server]
 
     def observe_run(self, name: str, seconds: float) -> None:
         spec = self.get(name)

@@ -211,17 +211,22 @@ def reference_winner(pending, charges, last_dispatch, now, resident, policy):
         first = max(tied, key=lambda e: e[:2])
         local = [e for e in entries if e[3].model == resident]
         if resident is not None and first[3].model != resident and local:
-            r = max(local, key=lambda e: e[:2])
-            level = (r[3].member, band)
-            credit = policy.affinity_bonus * div
-            used = usage.get(level, 0.0)
-            if r[3].member != first[3].member and used >= 1e-6:
-                moved = start(r[3], level, used) - start(r[3], level, used - policy.affinity_bonus * div)
-                credit = max(credit, moved)
-            if abs(r[0] + credit - first[0]) < 1e-6:  # a tie up to float rounding: either may be the pick
-                tied = [*tied, r]
-            elif r[0] + credit > first[0]:
-                tied = [r]
+            # The resident model's best heads, tied up to float rounding as above (seed 1136: two members' heads
+            # for it, equal to the last printed digit): any of them may be the one affinity weighs.
+            top_local = max(e[0] for e in local)
+            ahead, even = [], []
+            for r in (e for e in local if e[0] >= top_local - 1e-6):
+                level = (r[3].member, band)
+                credit = policy.affinity_bonus * div
+                used = usage.get(level, 0.0)
+                if r[3].member != first[3].member and used >= 1e-6:
+                    moved = start(r[3], level, used) - start(r[3], level, used - policy.affinity_bonus * div)
+                    credit = max(credit, moved)
+                if abs(r[0] + credit - first[0]) < 1e-6:  # a tie up to float rounding: either may be the pick
+                    even.append(r)
+                elif r[0] + credit > first[0]:
+                    ahead.append(r)
+            tied = ahead or [*tied, *even]
         out[band] = tied
     return out
 
@@ -229,6 +234,7 @@ def reference_winner(pending, charges, last_dispatch, now, resident, policy):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**9))
 @example(seed=454)  # two heads tied up to float rounding
+@example(seed=1136)  # two heads for the resident model tied up to float rounding
 def test_dispatcher_matches_the_usage_reference(seed):
     rng = random.Random(seed)
     policy = Policy(loadYield=False, fairShareHalfLifeSeconds=HALF_LIFE)
