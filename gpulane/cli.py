@@ -49,11 +49,18 @@ COMMANDS = {
 }  # fmt: skip
 
 
+# A policy named NAME:restart runs on today's lanes: the scenario's servers taken away (a pod per model).
+RESTART = ":restart"
+
+
 def _policies(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in RANKINGS]
+    unknown = [n for n in names if n.removesuffix(RESTART) not in RANKINGS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown)!r}; choose from {', '.join(RANKINGS)}")
+        choices = ", ".join(RANKINGS)
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown)!r}; choose from {choices} (each also as NAME{RESTART})"
+        )
     return names
 
 
@@ -84,7 +91,14 @@ def _simulate(args: argparse.Namespace) -> int:
     if settings:
         scenario = scenario.model_copy(update={"policy": scenario.policy.model_copy(update=settings)})
     try:
-        results = {name: simulate(scenario, name, deadlines=not args.no_queue_timeouts) for name in policies}
+        results = {
+            name: simulate(
+                scenario.without_servers() if name.endswith(RESTART) else scenario,
+                name.removesuffix(RESTART),
+                deadlines=not args.no_queue_timeouts,
+            )
+            for name in policies
+        }
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -133,7 +147,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--compare",
         type=_policies,
         metavar="P1,P2,...",
-        help=f"run several policies side by side ({','.join(RANKINGS)})",
+        help=f"run several policies side by side ({','.join(RANKINGS)}); NAME{RESTART} runs NAME with a pod per "
+        "model, the scenario's servers taken away",
     )
     sim.add_argument(
         "--llama-swap-clients",

@@ -334,31 +334,34 @@ def test_a_resident_models_job_goes_ahead_of_a_usage_lead_worth_less_than_a_swap
     hi_tier=st.sampled_from(["free", "pro", "max"]),
     lo_usage=st.floats(0, 1e6),
     hi_usage=st.floats(0, 1e6),
-    lo_warm=st.booleans(),
+    lo_model=st.sampled_from(["warm", "held", "switch", "cold"]),
+    switch=st.floats(0, 60),
     lo_weight=st.floats(0.001, 1000),
     hi_weight=st.floats(0.001, 1000),
     teams=st.sampled_from(["none", "apart", "together", "mapped"]),
 )
 def test_bands_beat_tier_affinity_and_usage_together(
-    gap, lo_tier, hi_tier, lo_usage, hi_usage, lo_warm, lo_weight, hi_weight, teams
+    gap, lo_tier, hi_tier, lo_usage, hi_usage, lo_model, switch, lo_weight, hi_weight, teams
 ):
-    """The band invariant under usage: a job one or more bands up goes first whatever the tier, the resident
-    model, the two members' GPU usage, their and their teams' weights, and how the teams are drawn (equal
-    waits, so aging plays no part)."""
+    """The band invariant under usage: a job one or more bands up goes first whatever the tier, the model of
+    the lower one (the lane's own, one its server holds beside it, one its server can switch to for
+    ``switch`` seconds against a new pod's 60, or none of these), the two members' GPU usage, their and their
+    teams' weights, and how the teams are drawn (equal waits, so aging plays no part)."""
     team_of = {"none": (None, None), "apart": ("lo-ns", "hi-ns"), "together": ("ns", "ns"),
                "mapped": ("lo-ns", "hi-ns")}[teams]  # fmt: skip
     weights = {"members": {"lo": lo_weight, "hi": hi_weight}, "namespaces": {"lo-ns": lo_weight}}
     mapped = {"lo-ns": ["hi-ns/hi"]} if teams == "mapped" else {}
     policy = Policy(loadYield=False, fairShareWeights=weights, fairShareTeams=mapped)
-    d, clock = dispatcher(lanes={"gpu-0": "warm"}, policy=policy)
+    server = [ModelSpec(m, load_seconds=60, server="s", switch_seconds=switch) for m in ("warm", "held", "switch")]
+    d, clock = dispatcher(lanes={}, policy=policy, models=[*server, ModelSpec("cold", load_seconds=60)])
+    d.handle(LaneUpdated("gpu-0", resident="warm", loaded=frozenset({"held"}), memory_mib=1000))
     submit(d, clock, "blocker", model="warm", member="x")
-    d.handle(ModelLoaded("gpu-0", "warm"))
     levels = (("lo", team_of[0], -100, lo_usage), ("hi", team_of[1], -100 + 100 * gap, hi_usage))
     for member, team, band, usage in levels:
         d.handle(UsageRestored(member if team is None else f"{team}/{member}", band, usage, 0.0))
         if team is not None:
             d.handle(TeamUsageRestored(policy.fair_share_team(team, member) or team, band, usage, 0.0))
-    lo = Job("lo-job", "warm" if lo_warm else "cold", -100, lo_tier, "lo", clock.now, team=team_of[0])
+    lo = Job("lo-job", lo_model, -100, lo_tier, "lo", clock.now, team=team_of[0])
     hi = Job("hi-job", "cold", -100 + 100 * gap, hi_tier, "hi", clock.now, team=team_of[1])
     d.handle(JobSubmitted(lo))
     d.handle(JobSubmitted(hi))

@@ -56,6 +56,8 @@ class JobRecord:
     cold_start: bool = False
     replaced: str | None = None  # the model this job's dispatch swapped out
     swaps: int = 0  # its dispatches that swapped a model out (a load that yielded is one too)
+    load_seconds: float = 0.0  # GPU time its dispatches spent loading its model (a new pod's or a switch's)
+    switched: bool = False  # its lane's server switched to its model: a load there, or one it held
     yielded: int = 0  # times its load gave way to a better newcomer
     expired_at: float | None = None  # it waited past its queue deadline and never ran
     lane: str | None = None
@@ -175,7 +177,13 @@ def catalog_for(scenario: Scenario) -> ModelCatalog:
         max_concurrency=scenario.default_model.max_concurrency,
         load_seconds=scenario.default_model.load_seconds,
     )
-    specs = [ModelSpec(m.name, m.max_concurrency, m.load_seconds) for m in scenario.models]
+    specs = [
+        ModelSpec(
+            m.name, m.max_concurrency, m.load_seconds, server=m.server, memory_mib=m.memory_mib,
+            switch_seconds=m.switch_seconds,
+        )
+        for m in scenario.models
+    ]  # fmt: skip
     return ModelCatalog(specs, default)
 
 
@@ -250,8 +258,9 @@ def simulate(
     dispatches: dict[str, int] = {}  # a finish counts only for the job's latest dispatch
     shared: dict[str, int] = {}  # the band whose contended share a dispatch added to
     yields = 0
+    serving: dict[str, str | None] = dict.fromkeys(lanes, scenario.initial_model)
     for lane in lanes:
-        dispatcher.handle(LaneUpdated(lane, resident=scenario.initial_model))
+        dispatcher.handle(LaneUpdated(lane, resident=scenario.initial_model, memory_mib=scenario.lane_memory_mib))
 
     band_of = scenario.policy.band
     waiting: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -289,10 +298,17 @@ def simulate(
             share[record.member] += record.run_seconds
             shared[record.name] = band
         members[record.member] -= 1
+        real = truth.get(decision.model)
+        record.switched |= decision.in_server or (not decision.load and serving[decision.lane] != decision.model)
+        serving[decision.lane] = decision.model
         if decision.load:
             record.cold_start, record.replaced = True, decision.replaces
             record.swaps += decision.replaces is not None
-            ready_at[decision.lane] = t + truth.get(decision.model).load_seconds
+            seconds = (
+                real.switch_seconds if decision.in_server and real.switch_seconds is not None else real.load_seconds
+            )
+            record.load_seconds += seconds
+            ready_at[decision.lane] = t + seconds
             loads[decision.lane] += 1
             push(ready_at[decision.lane], LOADED, decision.lane, f"{loads[decision.lane]}:{decision.model}")
         record.started_at = max(t, ready_at[decision.lane])
@@ -314,7 +330,8 @@ def simulate(
             dispatched(effect)
             return
         if isinstance(effect, Unloaded):
-            return  # an idle lane gave its model up: its next job loads one, as it would anyway
+            serving[effect.lane] = None  # an idle lane gave its model up: its next job loads one
+            return
         record = records[effect.job.id]
         if effect.lane is not None:
             undo(record)

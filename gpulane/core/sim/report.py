@@ -118,6 +118,8 @@ def summarize(result: SimResult, band_spacing: int) -> dict[str, Any]:
             "rejected": sum(1 for j in result.jobs if j.rejected),
             "dropped": sum(1 for j in result.jobs if j.dropped),
             "swaps": sum(j.swaps for j in result.jobs),
+            "switches": sum(1 for j in result.jobs if j.switched),
+            "loadingGpuSeconds": sum(j.load_seconds for j in result.jobs),
             "loadsYielded": result.yields,
             "expired": sum(1 for j in result.jobs if j.expired_at is not None),
             "lateGpuSeconds": sum(j.run_seconds for j in result.jobs if j.late),
@@ -148,6 +150,8 @@ def jobs_json(result: SimResult) -> list[dict[str, Any]]:
             "coldStart": j.cold_start,
             "replaced": j.replaced,
             "swaps": j.swaps,
+            "loadSeconds": j.load_seconds,
+            "switched": j.switched,
             "yielded": j.yielded,
             "expiredAt": j.expired_at,
             "lane": j.lane,
@@ -208,6 +212,9 @@ def comparison_table(summaries: dict[str, dict[str, Any]]) -> str:
     row("  rejected (429)", [str(summaries[p]["overall"]["rejected"]) for p in policies])
     row("  dropped after a 429", [str(summaries[p]["overall"]["dropped"]) for p in policies])
     row("  swaps", [str(summaries[p]["overall"]["swaps"]) for p in policies])
+    if any(summaries[p]["overall"]["switches"] for p in policies):  # a server that holds several models
+        row("  switches in the server", [str(summaries[p]["overall"]["switches"]) for p in policies])
+        row("  GPU time loading", [human(summaries[p]["overall"]["loadingGpuSeconds"]) for p in policies])
     if any(summaries[p]["overall"]["loadsYielded"] for p in policies):
         row("  loads yielded", [str(summaries[p]["overall"]["loadsYielded"]) for p in policies])
     if any(summaries[p]["overall"]["lateGpuSeconds"] or summaries[p]["overall"]["expired"] for p in policies):

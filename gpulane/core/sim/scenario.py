@@ -35,8 +35,13 @@ class Range(CamelModel):
 
 class ModelDecl(CamelModel):
     name: str = Field(min_length=1)
-    load_seconds: Seconds = 0.0
+    load_seconds: Seconds = 0.0  # in a new pod
     max_concurrency: int = Field(default=1, ge=1)
+    # A server that holds it beside its other models (llama-server's router mode, llama-swap's groups);
+    # its load into the running server takes switchSeconds (else loadSeconds) and no new pod.
+    server: str | None = Field(default=None, min_length=1)
+    memory_mib: int = Field(default=0, ge=0)
+    switch_seconds: Seconds | None = None
 
 
 class DefaultModel(CamelModel):
@@ -113,6 +118,7 @@ class Scenario(CamelModel):
     seed: int = 0
     policy: Policy = Field(default_factory=Policy)
     lanes: int = Field(default=1, ge=1, le=64)
+    lane_memory_mib: int | None = Field(default=None, ge=1)  # what a lane's server may hold at once
     models: list[ModelDecl] = Field(default_factory=list)
     default_model: DefaultModel = Field(default_factory=DefaultModel)
     initial_model: str | None = None
@@ -145,6 +151,11 @@ class Scenario(CamelModel):
             except ValueError as err:
                 raise ValueError(f"{item.name}: {err}") from None
         return self
+
+    def without_servers(self) -> Scenario:
+        """The same day on today's lanes: every model in a pod of its own, replaced on each swap."""
+        models = [m.model_copy(update={"server": None}) for m in self.models]
+        return self.model_copy(update={"models": models, "lane_memory_mib": None})
 
     def warnings(self) -> list[str]:
         """Legal but suspicious: models used without a declaration, or capped but never used (typos)."""
