@@ -381,16 +381,24 @@ def build_project(base: Image, base_layer: Path, log: Log) -> Image:
 
 
 PRUNE_AFTER = 24 * 3600.0
+# Project archives kept besides the ones in use, newest first, whatever their age: each source edit makes one
+# (~400 MB), and a day of edits made 60 of them (24 GB) on this project's machine.
+KEEP_PROJECT_ARCHIVES = 4
 
 
 def _prune(keep: list[Image]) -> None:
-    """Drop archives unused for a day (each source edit makes a new project archive of ~200 MB). Not at
-    once: another checkout's `up` may be about to import its own."""
+    """Drop archives unused for a day, and project archives beyond the newest few. Not the newest at once:
+    another checkout's `up` may be about to import its own."""
     now = time.time()
     for image in keep:
         os.utime(image.archive)
-    for archive in cache_dir().glob("*.tar"):
-        if now - archive.stat().st_mtime > PRUNE_AFTER and not archive.name.endswith(".layer.tar"):
+    in_use = {image.archive for image in keep}
+    archives = sorted(cache_dir().glob("*.tar"), key=lambda a: a.stat().st_mtime, reverse=True)
+    projects = [a for a in archives if a.name.startswith("gpulane-") and a not in in_use]
+    for archive in archives:
+        if archive in in_use or archive.name.endswith(".layer.tar"):
+            continue
+        if now - archive.stat().st_mtime > PRUNE_AFTER or archive in projects[KEEP_PROJECT_ARCHIVES:]:
             archive.unlink(missing_ok=True)
 
 
