@@ -14,7 +14,7 @@ HACK = str(Path(__file__).resolve().parents[2] / "hack")
 if HACK not in sys.path:
     sys.path.insert(0, HACK)
 
-from localcluster import images
+from localcluster import images  # noqa: E402  (lives in hack/, which is not a package)
 
 
 def test_the_cache_keeps_the_archives_in_use_and_the_newest_project_archives_only(
