@@ -43,4 +43,6 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 LANE_LABEL = "gpulane.io/lane"
 MODEL_LABEL = "gpulane.io/model"
+# On a server pod that holds several models: the preset the server reads, projected into it as a file.
+SERVER_PRESET = "gpulane.io/server-preset"
 BACKEND_SELECTOR = f"{MANAGED_BY}=gpulane,{COMPONENT_LABEL}=backend"

@@ -281,10 +281,26 @@ class Ticket(CamelModel):
     timeout_seconds: int = Field(default=3600, ge=1, le=MAX_RUN_SECONDS)  # the work's own limit, from the ticket
 
 
+class ModelRouter(CamelModel):
+    """This model's pod is a server that holds the GpuModels naming it in their ``server`` and loads and unloads
+    them on the operator's word (docs/models.md, servers that hold several models)."""
+
+    protocol: Literal["LlamaServerRouter"]
+    # At most this many held at once (llama-server's --models-max), whatever the lane's memory allows.
+    max_loaded: int = Field(default=4, ge=1, le=64)
+
+
 class GpuModelSpec(CamelModel):
     model_config = CamelModel.model_config | {
-        "json_schema_extra": {"x-kubernetes-validations": [{"rule": IMAGE_RULE, "message": IMAGE_MESSAGE}]}
-    }
+        "json_schema_extra": {"x-kubernetes-validations": [
+            {"rule": f"has(self.server) || ({IMAGE_RULE})", "message": f"{IMAGE_MESSAGE}, or spec.server names its "
+             "server"},
+            {"rule": "!(has(self.server) && has(self.router))", "message": "a model is held by a server or is one, "
+             "not both"},
+            {"rule": "!has(self.preset) || has(self.server)", "message": "spec.preset is the model's part of its "
+             "server's preset: it needs spec.server"},
+        ]}
+    }  # fmt: skip
 
     # The serving container's image; may be left to spec.template's serving container.
     image: str | None = Field(default=None, min_length=1, max_length=512)
@@ -317,20 +333,35 @@ class GpuModelSpec(CamelModel):
     ticket: Ticket | None = None
     # Only the GpuLanes whose labels match may serve it (docs/models.md, laneSelector); unset: any lane.
     lane_selector: LabelSelector | None = None
+    # Servers that hold several models (issue 36): this model's pod is one (router), or the GpuModel named in
+    # server holds it, loading it with its section of the server's preset (llama-server's flags, without dashes).
+    router: ModelRouter | None = None
+    server: str | None = Field(default=None, min_length=1, max_length=253)
+    preset: dict[str, str] | None = Field(default=None, max_length=64)
+    # What it takes of a lane's GPU memory (spec.memoryMib) while loaded, to stay loaded beside others.
+    memory_mib: int | None = Field(default=None, ge=0, le=10_000_000)
+    # A starting point for its switch: a load by its running server, no new pod (then learned).
+    expected_switch_seconds: int | None = Field(default=None, ge=0, le=86400)
 
     @model_validator(mode="after")
     def _an_image(self) -> GpuModelSpec:
         serving = self.template.spec.serving() if self.template else None
-        if self.image is None and not (serving and serving.image):
+        if self.server is None and self.image is None and not (serving and serving.image):
             raise ValueError(IMAGE_MESSAGE)
+        if self.server is not None and self.router is not None:
+            raise ValueError("a model is held by a server or is one, not both")
+        if self.preset is not None and self.server is None:
+            raise ValueError("spec.preset is the model's part of its server's preset: it needs spec.server")
         return self
 
 
 class GpuModelStatus(CamelModel):
     load_seconds: float | None = None
     run_seconds: float | None = None
+    switch_seconds: float | None = None  # a load by the lane's running server (spec.server), learned apart
     loads: int | None = None
     runs: int | None = None
+    switches: int | None = None
     lanes: list[str] | None = None  # the GpuLanes its laneSelector matches now (only with a laneSelector)
     conditions: Conditions | None = CONDITIONS_FIELD
     observed_generation: int | None = None
@@ -356,6 +387,8 @@ class GpuLaneSpec(CamelModel):
     runtime_class_name: str | None = Field(default=None, min_length=1, max_length=253)
     # Kept for these namespaces' jobs (docs/policy.md, reserved lanes); unset: every job is alike here.
     reserved_for: ReservedFor | None = None
+    # Its GPU memory: models of one server whose spec.memoryMib sum fits stay loaded together; unset: one at a time.
+    memory_mib: int | None = Field(default=None, ge=1, le=10_000_000)
 
 
 class ServedClock(CamelModel):
@@ -384,7 +417,8 @@ class TeamUsageEntry(CamelModel):
 
 
 class GpuLaneStatus(CamelModel):
-    resident_model: str | None = None
+    resident_model: str | None = None  # the model serving (a server's: the one it switched to last)
+    loaded: list[str] | None = None  # the other models its server holds, ready to switch to
     pod: str | None = None
     ready: bool | None = None
     running: list[str] | None = None

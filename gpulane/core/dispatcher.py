@@ -26,6 +26,7 @@ from gpulane.core.events import (
     JobCancelled,
     JobFinished,
     JobSubmitted,
+    LaneMemory,
     LaneReserved,
     LaneUpdated,
     LoadLost,
@@ -82,7 +83,7 @@ class Lane:
     owners: frozenset[str] | None = None  # the teams it is reserved for: theirs first, others borrow it
     server: str | None = None  # the server its pod runs, for models that share one (None: a pod per model)
     loaded: dict[str, float] = field(default_factory=dict)  # the server's other models -> when last served
-    memory_mib: int | None = None  # its GPU memory; None: its server holds one model at a time
+    memory_mib: int = 0  # its GPU memory; 0: its server holds one model at a time
 
     @property
     def ready(self) -> bool:
@@ -104,6 +105,7 @@ class LaneState:
     ready: bool
     owners: frozenset[str] | None  # the namespaces it is reserved for
     loaded: frozenset[str] = frozenset()  # the other models its server holds beside the resident
+    memory_mib: int = 0  # its GPU memory for models held together (0: one at a time)
 
 
 class DispatchError(ValueError):
@@ -175,8 +177,10 @@ class Dispatcher:
                 self.ranking.restore_usage(member, priority, seconds, at)
             case TeamUsageRestored(team, priority, seconds, at):
                 self.ranking.restore_team_usage(team, priority, seconds, at)
-            case LaneUpdated(lane_id, online, resident, loaded, memory_mib):
-                self._update_lane(lane_id, online, resident, loaded, memory_mib)
+            case LaneUpdated(lane_id, online, resident, loaded):
+                self._update_lane(lane_id, online, resident, loaded)
+            case LaneMemory(lane_id, memory_mib):  # a lane first seen here is offline until LaneUpdated says
+                self.lanes.setdefault(lane_id, Lane(lane_id, online=False)).memory_mib = memory_mib
             case LaneReserved(lane_id, owners):  # a lane first seen here is offline until LaneUpdated says
                 self.lanes.setdefault(lane_id, Lane(lane_id, online=False)).owners = owners
             case LoadLost(lane_id):
@@ -257,7 +261,9 @@ class Dispatcher:
         lane = self.lanes.get(lane_id)
         if lane is None:
             return None
-        return LaneState(lane.id, lane.online, lane.resident, lane.ready, lane.owners, frozenset(lane.loaded))
+        return LaneState(
+            lane.id, lane.online, lane.resident, lane.ready, lane.owners, frozenset(lane.loaded), lane.memory_mib
+        )
 
     def pending(self) -> Iterator[Job]:
         """The waiting jobs, in arrival order."""
@@ -344,18 +350,18 @@ class Dispatcher:
         lane.running[job.id] = Running(job, lane_id, started_at)
         self.ranking.note_served(fair_share_member(job), job.priority, started_at)
 
-    def _update_lane(
-        self, lane_id: str, online: bool, resident: str | None, loaded: frozenset[str], memory_mib: int | None
-    ) -> None:
+    def _update_lane(self, lane_id: str, online: bool, resident: str | None, loaded: frozenset[str] | None) -> None:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))
-        lane.online, lane.memory_mib = online, memory_mib
+        lane.online = online
         if resident != lane.resident:
             lane.resident, lane.loading_since, lane.evicting = resident, None, False
             lane.idle_since = None
-        if loaded != lane.loaded.keys():
+        if resident is None and loaded is None:
+            lane.loaded = {}  # nothing serves: its pod is gone, and whatever its server held
+        elif loaded is not None and loaded != lane.loaded.keys():
             now = self.clock()
             lane.loaded = {model: lane.loaded.get(model, now) for model in loaded - {resident}}
-        held = [self.models.get(m).server for m in (resident, *loaded) if m is not None]
+        held = [self.models.get(m).server for m in (resident, *lane.loaded) if m is not None]
         lane.server = held[0] if held else None
         self._evict_if_idle(lane)  # a model found loaded with no job (a rebuild): its idle time starts now
 
@@ -393,9 +399,7 @@ class Dispatcher:
             due = self._idle_deadline(lane)
             if due is not None and due <= now and lane.resident is not None and lane.idle_since is not None:
                 self._effects.append(Unloaded(lane.id, lane.resident, now - lane.idle_since, now))
-                lane.resident, lane.loading_since, lane.idle_since = None, None, None  # its server keeps the others
-                if not lane.loaded:
-                    lane.server = None
+                lane.clear()  # its pod goes, and with a server's, every model it held
 
     def _idle_deadline(self, lane: Lane) -> float | None:
         if lane.running or lane.resident is None or lane.idle_since is None:
@@ -562,16 +566,17 @@ class Dispatcher:
     def _switch(self, lane: Lane, model: str, now: float, load: bool) -> tuple[str, ...]:
         """The lane's server serves ``model`` next: the model it served stays loaded beside it (one still loading
         is given up), and, for a load, the least recently served give way until the new one fits its memory."""
-        if lane.resident is not None and lane.ready:
+        if lane.resident is not None and lane.ready and lane.resident != lane.server:  # (the server itself holds none)
             lane.loaded[lane.resident] = now
         lane.loaded.pop(model, None)
         if not load:
             return ()
         room = lane.memory_mib
         keep, evicts, used = {}, [], self.models.get(model).memory_mib
-        for other, last in sorted(lane.loaded.items(), key=lambda item: -item[1]):  # most recently served first
+        # Most recently served first (of two served at one instant, the later).
+        for other, last in sorted(reversed(lane.loaded.items()), key=lambda item: -item[1]):
             need = self.models.get(other).memory_mib
-            if room is not None and used + need <= room:
+            if room and used + need <= room:
                 keep[other], used = last, used + need
             else:
                 evicts.append(other)

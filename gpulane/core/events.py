@@ -76,14 +76,22 @@ class TeamUsageRestored:
 @dataclass(frozen=True, slots=True)
 class LaneUpdated:
     """A lane appeared, changed or went away; ``resident`` is the model actually loaded on it (serving), and
-    ``loaded`` the other models its server holds beside it. ``memory_mib``: its GPU memory, for models that stay
-    loaded together (None: one model at a time)."""
+    ``loaded`` the other models its server holds beside it (None: as the core knows them, or none at all when
+    nothing is resident: the lane's pod is gone)."""
 
     lane: str
     online: bool = True
     resident: str | None = None
-    loaded: frozenset[str] = frozenset()
-    memory_mib: int | None = None
+    loaded: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneMemory:
+    """A lane's GPU memory, for the models of one server that stay loaded together while their memory fits
+    (0: one model at a time). A lane first seen here is offline until LaneUpdated says."""
+
+    lane: str
+    memory_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +152,7 @@ Event = (
     | UsageRestored
     | TeamUsageRestored
     | LaneUpdated
+    | LaneMemory
     | LaneReserved
     | LoadLost
     | ModelLoaded

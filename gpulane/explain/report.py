@@ -166,7 +166,8 @@ def _band_name(priority: int) -> str:
 
 
 def lanes(lane_objs: list[Body], jobs: list[Body], now: float, window: float = 3600.0) -> list[Body]:
-    """Each lane's resident model, running jobs, queue depth per band, and swaps and use over ``window``."""
+    """Each lane's resident model (and the others its server holds), running jobs, queue depth per band, and swaps
+    and use over ``window``."""
     out = []
     for lane in lane_objs:
         name, status = lane["metadata"]["name"], lane.get("status") or {}
@@ -184,6 +185,7 @@ def lanes(lane_objs: list[Body], jobs: list[Body], now: float, window: float = 3
             {
                 "lane": name,
                 "resident": status.get("residentModel"),
+                "loaded": status.get("loaded") or [],
                 "ready": bool(status.get("ready")),
                 "running": status.get("running") or [],
                 "queueDepth": status.get("queueDepth") or {},
@@ -197,11 +199,22 @@ def lanes(lane_objs: list[Body], jobs: list[Body], now: float, window: float = 3
 
 def render_lanes(rows: list[Body]) -> str:
     return table(
-        ["LANE", "RESIDENT", "READY", "RUNNING", "QUEUE BY BAND", "DISPATCHES/1H", "SWAPS/1H", "BUSY/1H"],
+        [
+            "LANE",
+            "RESIDENT",
+            "ALSO LOADED",
+            "READY",
+            "RUNNING",
+            "QUEUE BY BAND",
+            "DISPATCHES/1H",
+            "SWAPS/1H",
+            "BUSY/1H",
+        ],
         (
             [
                 r["lane"],
                 r["resident"] or "-",
+                ", ".join(r.get("loaded") or []) or "-",
                 "yes" if r["ready"] else "no",
                 ", ".join(r["running"]) or "-",
                 ", ".join(
@@ -277,6 +290,11 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
             lines.append(
                 f"Its score now: {format_score(ScoreBreakdown(s['priority'], s['tier'], s['affinity'], s['aging']))}."
             )
+        for lane in lane_objs:
+            held = lane.get("status") or {}
+            if model in (held.get("loaded") or []):
+                lines.append(f"Lane {lane['metadata']['name']}'s server holds its model beside "
+                             f"{held.get('residentModel')}: it starts there with no load.")  # fmt: skip
         team = policy.fair_share_team(meta["namespace"], spec.get("member") or meta["namespace"])
         lines += _lent(meta["namespace"], team or meta["namespace"], lane_objs, policy)
         return lines

@@ -259,8 +259,9 @@ class Controller:
             if not self.jobs.holds(view, JobState.ASSIGNED) or view.ending:
                 return
             now = self.clock()
-            spec = self.observed.models.get(view.model)
             lane = self.jobs.lane_of(view)
+            runner = self.lanes.get(lane or "")  # a model its server holds is reached on the server's port
+            spec = self.observed.models.get(runner.server_of(view.model) or "" if runner else view.model)
             fields = dispatched_fields(view, lane, self.history, now)
             fields.update(
                 phase="Running",
@@ -314,11 +315,11 @@ class Controller:
                 self.spawn(self.end_job(view, "Failed", reason, message))
         self.status.lane_dirty(lane)
 
-    def model_loaded(self, lane: str, model: str, seconds: float | None) -> None:
-        self.apply(ModelLoaded(lane, model, seconds))
+    def model_loaded(self, lane: str, model: str, seconds: float | None, *, in_server: bool = False) -> None:
+        self.apply(ModelLoaded(lane, model, seconds, in_server))
         if seconds is not None:
             self.metrics.model_load.observe(seconds)
-            self._learn(model, "load")
+            self._learn(model, "switch" if in_server else "load")
         self.status.lane_dirty(lane)
 
     def _learn(self, model: str, what: str) -> None:

@@ -1,5 +1,6 @@
-"""What a GpuLane's labels and ``reservedFor`` mean for scheduling: the models whose ``laneSelector`` matches the
-lane may run there, and the namespaces it is reserved for go first on it (others borrow it meanwhile)."""
+"""What a GpuLane's labels, ``reservedFor`` and ``memoryMib`` mean for scheduling: the models whose
+``laneSelector`` matches the lane may run there, the namespaces it is reserved for go first on it (others borrow
+it meanwhile), and the models of one server whose memory fits stay loaded there together."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Protocol
 
 from gpulane.api.resources import GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, LaneReserved, ModelUpdated
+from gpulane.core.events import Event, LaneMemory, LaneReserved, ModelUpdated
 from gpulane.operator.observed import Observed
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import pinned_lanes
@@ -28,6 +29,8 @@ def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: Gpu
     core = host.dispatcher.lane_state(lane)
     if spec is not None and (core is None or core.owners != owners):
         host.apply(LaneReserved(lane, owners))
+    if spec is not None and (core is None or core.memory_mib != (spec.memory_mib or 0)):
+        host.apply(LaneMemory(lane, spec.memory_mib or 0))
     _repin(host, lane, labels)
 
 

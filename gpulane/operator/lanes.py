@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from aiohttp import ClientSession
 from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.backend_pods import PodState, pod_state
@@ -25,7 +26,9 @@ from gpulane.kube.protocol import KubeClient
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
+from gpulane.operator.server_pods import PresetError, preset_ini
 from gpulane.operator.shards import Router
+from gpulane.servers.llama_router import LOADED, LOADING, LoadFailed, RouterClient, RouterError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class LaneHost(Protocol):
 
     async def mark_dispatching(self, view: JobView) -> None: ...
     async def start_job(self, view: JobView, pod: PodState) -> None: ...
-    def model_loaded(self, lane: str, model: str, seconds: float | None) -> None: ...
+    def model_loaded(self, lane: str, model: str, seconds: float | None, *, in_server: bool = False) -> None: ...
     def backend_failed(self, lane: str, reason: str, message: str) -> None: ...
     def pod_gone(self, state: PodState) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
@@ -68,6 +71,8 @@ class LaneRunner:
         self._leaving = 0  # writes of jobs the core took off this lane (requeued, expired) still in flight
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._session: ClientSession | None = None  # to a server that holds several models
+        self._switching = False  # a load by the server is in flight: a pass meanwhile leaves it be
 
     @property
     def pod(self) -> PodState | None:
@@ -84,6 +89,8 @@ class LaneRunner:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
 
     def kick(self) -> None:
         self._wake.set()
@@ -119,10 +126,18 @@ class LaneRunner:
                 await asyncio.sleep(1.0)
                 self._wake.set()
 
+    def server_of(self, model: str | None) -> str | None:
+        """The model whose pod serves ``model``: the server that holds it (its spec.server, a model with a
+        router), else the model itself."""
+        spec = self.host.observed.models.get(model or "")
+        server = self.host.observed.models.get(spec.server) if spec is not None and spec.server else None
+        return spec.server if spec is not None and server is not None and server.router is not None else model
+
     async def reconcile(self) -> None:
         host = self.host
         core = host.dispatcher.lane_state(self.name)
-        want = core.resident if core is not None else None
+        held = core.resident if core is not None else None
+        want = self.server_of(held)  # the pod's model: the server, for a model it holds
         pod = self.pod
         now = host.clock()
         if pod is not None and (pod.failed or pod.model != want or pod.uid == self.deleting):
@@ -153,9 +168,13 @@ class LaneRunner:
                     model_spec=model,
                     namespace=host.kube.namespace,
                     shard_labels=host.router.shard.labels(),
+                    preset=self._preset(want) if model.router is not None else None,
                 )
             except TemplateError as err:  # this lane's GPUs in the template (the model's check says it too)
                 host.backend_failed(self.name, "InvalidTemplate", f"GpuModel {want!r}: spec.template: {err}")
+                return
+            except PresetError as err:
+                host.backend_failed(self.name, "InvalidPreset", f"GpuModel {want!r}'s server: {err}")
                 return
             try:
                 created = await host.kube.create_pod(manifest)
@@ -175,7 +194,17 @@ class LaneRunner:
             log.info("lane %s: loading %s in pod %s", self.name, want, manifest["metadata"]["name"])
             return
         if pod.ready:
-            if self.load_started is not None or (core is not None and not core.ready):
+            if held != want and held is not None and core is not None:
+                if not core.ready:  # the server loads the model it holds: a switch, or a new pod's first load
+                    seconds = await self._switch(pod, held, core.loaded, model.port if model else 8080)
+                    if seconds is None:
+                        return
+                    cold, self.load_started = self.load_started, None
+                    if cold is None:
+                        host.model_loaded(self.name, held, seconds, in_server=True)
+                    else:
+                        host.model_loaded(self.name, held, host.clock() - cold)
+            elif self.load_started is not None or (core is not None and not core.ready):
                 seconds = None if self.load_started is None else now - self.load_started
                 self.load_started = None
                 host.model_loaded(self.name, want, seconds)
@@ -193,6 +222,54 @@ class LaneRunner:
                 self.name, "ModelLoadTimeout", f"backend pod {pod.name} for {want} was not Ready within {timeout}s"
             )
             self.kick()
+
+    def _preset(self, server: str) -> str:
+        models = self.host.observed.models
+        return preset_ini({name: spec for name, spec in models.items() if spec.server == server})
+
+    async def _switch(self, pod: PodState, model: str, keep: frozenset[str], port: int) -> float | None:
+        """The lane's server loads ``model``, after what it holds beyond ``keep`` (the core's evictions) goes.
+        The seconds the load took, or None when it failed (the lane's jobs fail with the reason) or another pass
+        has it in hand."""
+        endpoint = pod.endpoint(port)
+        if endpoint is None or self._switching:
+            return None
+        self._switching = True
+        try:
+            return await self._load_in_server(pod, RouterClient(endpoint, self._client()), model, keep)
+        finally:
+            self._switching = False
+
+    def _client(self) -> ClientSession:
+        if self._session is None:
+            self._session = ClientSession()
+        return self._session
+
+    async def _load_in_server(
+        self, pod: PodState, client: RouterClient, model: str, keep: frozenset[str]
+    ) -> float | None:
+        spec = self.host.observed.models.get(model)
+        timeout = spec.load_timeout_seconds if spec is not None else 600
+        try:
+            held = await client.models()
+            for name, status in held.items():
+                if status.value in (LOADED, LOADING) and name != model and name not in keep:
+                    await client.unload(name)
+            current = held.get(model)
+            if current is None or current.value != LOADED:
+                await client.load(model)
+            seconds = await client.wait_loaded(model, timeout)
+        except LoadFailed as err:
+            self.host.backend_failed(self.name, "ModelLoadFailed", f"{pod.name}: {err}")
+            return None
+        except TimeoutError as err:
+            self.host.backend_failed(self.name, "ModelLoadTimeout", f"{pod.name}: {err}")
+            return None
+        except RouterError as err:
+            self.host.backend_failed(self.name, "ServerUnreachable", f"{pod.name}: {err}")
+            return None
+        log.info("lane %s: %s loaded by its server %s in %.2fs", self.name, model, pod.name, seconds)
+        return seconds
 
     async def _remove(self, pod: PodState) -> None:
         """Delete a pod that serves the wrong model or is dead, once; its deletion event wakes us."""

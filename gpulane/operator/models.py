@@ -19,6 +19,7 @@ from gpulane.operator.job_table import JobTable, JobView
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
+from gpulane.operator.server_pods import PresetError, preset_ini
 from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import condition, merge_condition, model_spec, policy_refusal
@@ -34,15 +35,18 @@ def model_status_fields(status: Body) -> dict[str, float]:
 
 
 def learn(observed: Observed, dispatcher: Dispatcher, model: str, what: str) -> bool:
-    """Bring the model's learned status in step with what the core has just learned from a ``load`` or a
-    ``run``. False when the model has no GpuModel (any more), so there is nothing to write."""
+    """Bring the model's learned status in step with what the core has just learned from a ``load``, a
+    ``switch`` (a load by the lane's running server) or a ``run``. False when the model has no GpuModel (any
+    more), so there is nothing to write."""
     if model not in observed.models:
         return False
     spec = dispatcher.model(model)
     stats = observed.learned.setdefault(model, {})
     stats["loadSeconds"] = round(spec.load_seconds, 3)
     stats["runSeconds"] = round(spec.run_seconds, 3)
-    count = "loads" if what == "load" else "runs"
+    if spec.switch_seconds is not None:
+        stats["switchSeconds"] = round(spec.switch_seconds, 3)
+    count = {"load": "loads", "switch": "switches"}.get(what, "runs")
     stats[count] = stats.get(count, 0) + 1
     return True
 
@@ -168,7 +172,14 @@ async def check_model(host: Host, name: str, spec: GpuModelSpec, body: Body) -> 
 async def pod_refusal(host: Host, name: str, spec: GpuModelSpec) -> tuple[str | None, str]:
     """Why the pod this spec builds cannot serve (None if it can), and the condition's reason: gpulane's own
     rules against every lane (its GPUs are the serving container's), then the apiserver's, for the first
-    lane (or a lane of no node), without creating anything."""
+    lane (or a lane of no node), without creating anything. A model a server holds has no pod of its own:
+    its part of the server's preset is checked instead."""
+    if spec.server is not None:  # its pod is its server's, checked with it: here, its part of the preset
+        try:
+            preset_ini({name: spec})
+        except PresetError as err:
+            return str(err), "InvalidPreset"
+        return None, "Valid"
     lanes = [(lane, runner.spec) for lane, runner in sorted(host.lanes.items())] or [("dry-run", GpuLaneSpec())]
     try:
         manifests = [

@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 from gpulane.api.backend_pods import HTTP_PORT, pod_name
-from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL
+from gpulane.api.contract import COMPONENT_LABEL, LANE_LABEL, MANAGED_BY, MODEL_LABEL, SERVER_PRESET
 from gpulane.api.pod_templates import SERVING_CONTAINER
 from gpulane.api.resources import API_VERSION, GpuLaneSpec, GpuModelSpec
+from gpulane.operator.server_pods import PRESET_DIR, PRESET_FILE, router_args
 
 # Model servers hold no state worth a long shutdown; a short grace keeps swaps quick.
 GRACE_SECONDS = 5
@@ -37,10 +38,12 @@ def backend_pod(
     model_spec: GpuModelSpec,
     namespace: str,
     shard_labels: dict[str, str] | None = None,
+    preset: str | None = None,
 ) -> dict[str, Any]:
     """The pod that serves ``model`` on ``lane``: the model's template (if any) with its shorthand fields on
     the serving container, pinned to the lane's node and holding its GPUs (docs/models.md says how they
-    combine). ``shard_labels`` put it in its shard's pod watch."""
+    combine). ``shard_labels`` put it in its shard's pod watch. A model that is a server (``spec.router``)
+    runs with ``preset``, the models it holds (``server_pods.preset_ini``), as a file its flags name."""
     template = model_spec.template
     # Every field of the template's PodSpec, as written (its extra fields are kept by name).
     spec: dict[str, Any] = template.spec.model_dump(by_alias=True, exclude_none=True) if template else {}
@@ -62,6 +65,10 @@ def backend_pod(
         raise TemplateError(f"the serving container sets {lane_spec.resource}: the lane's GPUs are gpulane's to "
                             f"give (the GpuLane's resource and count)")  # fmt: skip
     _serve(serving, model_spec, lane_spec)
+    annotations_extra: dict[str, str] = {}
+    if model_spec.router is not None:
+        _hold(spec, serving, model_spec, preset or "")
+        annotations_extra[SERVER_PRESET] = preset or ""
     if lane_spec.node_name:
         spec["nodeSelector"] = {"kubernetes.io/hostname": lane_spec.node_name}
     else:
@@ -93,6 +100,7 @@ def backend_pod(
             "annotations": {
                 **annotations,
                 **(model_spec.pod_annotations or {}),
+                **annotations_extra,
                 MODEL_LABEL: model,
                 LANE_LABEL: lane,
             },
@@ -109,6 +117,17 @@ def backend_pod(
         },
         "spec": spec,
     }
+
+
+def _hold(spec: dict[str, Any], serving: dict[str, Any], model_spec: GpuModelSpec, preset: str) -> None:
+    """A server's flags after its own, and its preset: the pod's annotation, projected as a file (a changed
+    preset is a new pod, as a changed template is)."""
+    assert model_spec.router is not None
+    serving["args"] = [*(serving.get("args") or []), *router_args(model_spec.router, model_spec.port)]
+    item = {"path": PRESET_FILE, "fieldRef": {"fieldPath": f"metadata.annotations['{SERVER_PRESET}']"}}
+    spec.setdefault("volumes", []).append({"name": "gpulane-server", "downwardAPI": {"items": [item]}})
+    mount = {"name": "gpulane-server", "mountPath": PRESET_DIR, "readOnly": True}
+    serving["volumeMounts"] = [*(serving.get("volumeMounts") or []), mount]
 
 
 def _resource_names(container: dict[str, Any]) -> set[str]:

@@ -343,6 +343,7 @@ class StatusWriter:
         model = GpuLaneStatus.model_validate(
             {
                 "residentModel": core.resident if core else None,
+                "loaded": sorted(core.loaded) if core else [],
                 "pod": pod.name if pod else None,
                 "ready": ready,
                 "conditions": conditions,

@@ -134,6 +134,7 @@ def model_spec(
     status = status or {}
     load = status.get("loadSeconds", spec.expected_load_seconds)
     run = status.get("runSeconds", spec.expected_run_seconds)
+    switch = status.get("switchSeconds", spec.expected_switch_seconds)
     return ModelSpec(
         name,
         max_concurrency=spec.max_concurrency,
@@ -141,6 +142,10 @@ def model_spec(
         run_seconds=float(run) if run is not None else fallback.run_seconds,
         ttl_seconds=float(spec.ttl_seconds) if spec.ttl_seconds is not None else None,
         lanes=pinned_lanes(spec, lane_labels),
+        # A server is a model of its own name: the models it holds share it, and it shares nothing.
+        server=spec.server if spec.server is not None else name if spec.router is not None else None,
+        memory_mib=spec.memory_mib or 0,
+        switch_seconds=None if switch is None else float(switch),
     )
 
 

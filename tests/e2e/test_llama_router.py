@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import pytest
 from aiohttp import ClientSession
 
+from gpulane.api.resources import GpuModelSpec
+from gpulane.operator.server_pods import preset_ini
 from gpulane.servers.llama_router import LOADED, UNLOADED, LoadFailed, RouterClient, RouterError
 
 from .support import localcluster, wait_until
@@ -37,13 +39,13 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary, vocabulary = built / "llama-server", built / localcluster.llama_server.VOCAB
     assert binary.exists(), f"{binary} is missing: `make llama-server` builds it"
     weights = tmp_path_factory.mktemp("router")
-    preset = ["version = 1", "", "[*]", "c = 256", ""]
+    held: dict[str, GpuModelSpec] = {}
     for seed, name in enumerate(MODELS):
         write_tiny_model(vocabulary, weights / f"{name}.gguf", seed=seed, context=256)
-        preset += [f"[{name}]", f"model = {weights / name}.gguf", ""]
+        held[name] = GpuModelSpec(server="router", preset={"model": str(weights / f"{name}.gguf"), "c": "256"})
     (weights / "broken.gguf").write_bytes(b"GGUF, but not a model")
-    preset += ["[broken]", f"model = {weights / 'broken.gguf'}", ""]
-    (weights / "preset.ini").write_text("\n".join(preset))
+    held["broken"] = GpuModelSpec(server="router", preset={"model": str(weights / "broken.gguf")})
+    (weights / "preset.ini").write_text(preset_ini(held))  # as the operator writes it
     port = free_port()
     argv = [str(binary), "--models-preset", str(weights / "preset.ini"), "--no-models-autoload",
             "--models-max", "2", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip

@@ -20,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from .operator_support import API, OPERATOR_NAMESPACE, BridgeProcess, OperatorProcess, World, pod_watch
+from .operator_support import API, GROUP, OPERATOR_NAMESPACE, VERSION, BridgeProcess, OperatorProcess, World, pod_watch
 from .support import Cluster, localcluster, wait_until
 from .tiny_gguf import write_tiny_model
 
@@ -223,3 +223,87 @@ def test_a_real_llama_server_streams_swaps_stops_when_the_client_leaves_and_serv
     ran = wait_until(lambda: len(jobs := succeeded()) == 3 and jobs, what="the burst's three jobs Succeeded")
     order = [job["spec"]["priority"] for job in sorted(ran, key=lambda job: job["status"]["startedAt"])]
     assert order == [100, 50, 0], order
+
+
+# -- llama-server in router mode: one pod that holds several models (issue 36) ----------------------------
+
+ROUTER_HELLO: list[Any] = [{"role": "user", "content": "hello"}]
+
+
+def router_models(world: World, image: str, weights: str) -> tuple[str, dict[str, str]]:
+    """The server (a GpuModel with a router) and the models it holds: alpha and beta of 4,000 MiB each, gamma
+    of 6,000, and a corrupt one; returns the server's name and each held model's name by its file."""
+    server = world.name("router")
+    container = {
+        "name": "backend",
+        "image": image,
+        "args": ["--threads", "2", "-np", "1"],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    }
+    volume = {"name": "models", "hostPath": {"path": weights, "type": "Directory"}}
+    spec = {"port": 8080, "readinessPath": "/health", "loadTimeoutSeconds": 120,
+            "router": {"protocol": "LlamaServerRouter", "maxLoaded": 3},
+            "template": {"spec": {"volumes": [volume], "containers": [container]}}}  # fmt: skip
+    world.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": server}, "spec": spec})
+    world.cluster_objects.append(("gpumodels", server))
+    held = {}
+    for stem, memory in (("alpha", 4000), ("beta", 4000), ("gamma", 6000), ("broken", 1000)):
+        name = world.name(stem)
+        body = {"server": server, "memoryMib": memory, "expectedRunSeconds": 5, "loadTimeoutSeconds": 60,
+                "preset": {"model": f"/models/{stem}.gguf", "c": "512"}}  # fmt: skip
+        world.apply({"apiVersion": API, "kind": "GpuModel", "metadata": {"name": name}, "spec": body})
+        world.cluster_objects.append(("gpumodels", name))
+        held[stem] = name
+    return server, held
+
+
+def serving(world: World, lane: str, model: str, loaded: list[str]) -> None:
+    """The lane's status (the status writer's next pass) serving ``model`` with ``loaded`` held beside it."""
+    wait_until(
+        lambda: (
+            (s := world.cluster_status("gpulanes", lane)).get("residentModel") == model and s.get("loaded") == loaded
+        ),
+        timeout=30,
+        what=f"lane {lane}'s status serving {model} with {loaded} held",
+    )
+
+
+@pytest.mark.timeout(900)
+def test_a_router_lane_switches_models_without_a_new_pod_and_evicts_what_does_not_fit(real: Real, llama: Llama) -> None:
+    world, client = real.world, real.client()
+    vocabulary = localcluster.llama_server.built_dir() / localcluster.llama_server.VOCAB
+    for stem, seed in (("alpha", 11), ("beta", 12), ("gamma", 13)):
+        write_tiny_model(vocabulary, llama.weights / f"{stem}.gguf", seed=seed, context=512)
+    (llama.weights / "broken.gguf").write_bytes(b"GGUF, but not a model")
+    world.custom.patch_cluster_custom_object(GROUP, VERSION, "gpulanes", real.lane, {"spec": {"memoryMib": 10000}})
+    server, held = router_models(world, llama.image, str(llama.weights))
+
+    def ask(stem: str) -> None:
+        answer = client.chat.completions.create(
+            model=held[stem], messages=ROUTER_HELLO, max_tokens=4, extra_body=NO_EOS
+        )
+        assert answer.usage is not None and answer.usage.completion_tokens == 4
+
+    ask("alpha")
+    [pod] = world.backend_pods(real.lane)
+    assert pod.metadata.annotations["gpulane.io/model"] == server
+    first_pod = pod.metadata.uid
+
+    ask("beta")  # loaded by the server beside alpha: 8,000 of 10,000 MiB
+    ask("alpha")  # held: a switch with no load
+    serving(world, real.lane, held["alpha"], [held["beta"]])
+
+    ask("gamma")  # 6,000 MiB: beside alpha (served last), not beside alpha and beta
+    serving(world, real.lane, held["gamma"], [held["alpha"]])
+    [pod] = world.backend_pods(real.lane)
+    assert pod.metadata.uid == first_pod, "every switch happened inside the one server pod"
+    learned = wait_until(
+        lambda: (s := world.cluster_status("gpumodels", held["beta"])).get("switches") and s,
+        timeout=30,
+        what="beta's learned switch time",
+    )
+    assert learned["switchSeconds"] > 0, learned
+
+    world.job("corrupt", held["broken"])
+    failed = world.wait_phase("corrupt", "Failed", timeout=90)
+    assert failed["reason"] == "ModelLoadFailed", failed

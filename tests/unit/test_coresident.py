@@ -12,6 +12,7 @@ from gpulane.core.events import (
     Dispatch,
     JobFinished,
     JobSubmitted,
+    LaneMemory,
     LaneUpdated,
     ModelLoaded,
     ModelRemoved,
@@ -41,7 +42,8 @@ def router_models(switch: float | None = 1.0) -> list[ModelSpec]:
 
 def router_lane(memory: int | None = 10_000, switch: float | None = 1.0, **kw):  # type: ignore[no-untyped-def]
     d, clock = dispatcher(lanes={}, models=router_models(switch), **kw)
-    d.handle(LaneUpdated("gpu-0", memory_mib=memory))
+    d.handle(LaneMemory("gpu-0", memory or 0))
+    d.handle(LaneUpdated("gpu-0"))
     return d, clock
 
 
@@ -134,7 +136,8 @@ def test_a_cheap_switch_lets_an_older_job_go_ahead_of_the_loaded_models_newer_on
     def winner(models: list[ModelSpec]) -> str:
         policy = Policy(affinityBonus=10)
         d, clock = dispatcher(lanes={}, models=models, policy=policy)
-        d.handle(LaneUpdated("gpu-0", memory_mib=4000))
+        d.handle(LaneMemory("gpu-0", 4000))
+        d.handle(LaneUpdated("gpu-0"))
         run(d, clock, "warm", "a")
         clock.now += 1
         old_at, young_at = clock.now, clock.now + 9 * policy.aging_divisor_seconds
@@ -225,3 +228,16 @@ def test_compare_runs_a_policy_on_todays_lanes_too(capsys):  # type: ignore[no-u
 def test_compare_refuses_an_unknown_policy_with_restart():
     with pytest.raises(SystemExit):
         main(["simulate", str(DAY), "--compare", "lottery:restart"])
+
+
+def test_a_lane_whose_pod_is_gone_or_idled_out_holds_nothing_any_more():
+    """The runner stops the pod of a lane that has no model serving: the core must not think its server still
+    holds models (a job for one would start on a fresh server that never loaded it)."""
+    d, clock = router_lane()
+    run(d, clock, "j1", "a")
+    run(d, clock, "j2", "b")
+    d.handle(LaneUpdated("gpu-0", resident=None))  # its pod was lost
+    state = d.lane_state("gpu-0")
+    assert state is not None and (state.resident, state.loaded) == (None, frozenset())
+    after = run(d, clock, "j3", "a")
+    assert (after.load, after.in_server) == (True, False)  # a new pod, which loads it

@@ -124,3 +124,16 @@ def test_why_names_a_lane_reserved_for_the_jobs_team_and_lent_to_another():
     lane["status"]["running"] = ["lab/teammate"]  # type: ignore[index]
     assert "reserved for" not in "\n".join(why(gpujob("waiting", position=1), [lane], policy, T0 + 60))
     assert "reserved for" not in "\n".join(why(gpujob("waiting", position=1), [lane], Policy(), T0 + 60))
+
+
+def test_lanes_show_the_models_a_server_holds_beside_the_serving_one():
+    lane = {"metadata": {"name": "gpu-0"}, "status": {"residentModel": "qwen", "loaded": ["embed", "llama-8b"]}}
+    [row] = lanes([lane], [], T0)
+    text = render_lanes([row])
+    assert "ALSO LOADED" in text.splitlines()[0] and "embed, llama-8b" in text.splitlines()[1]
+
+
+def test_why_says_a_lanes_server_holds_the_waiting_jobs_model():
+    lane = {"metadata": {"name": "gpu-0"}, "status": {"residentModel": "qwen", "loaded": ["m"]}}
+    text = "\n".join(why(gpujob("waiting", position=1), [lane], Policy(), T0 + 60))
+    assert "Lane gpu-0's server holds its model beside qwen: it starts there with no load." in text

@@ -10,7 +10,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpulane.core.events import JobFinished, JobSubmitted, LaneUpdated, ModelLoaded, TeamUsageRestored, UsageRestored
+from gpulane.core.events import (
+    JobFinished,
+    JobSubmitted,
+    LaneMemory,
+    LaneUpdated,
+    ModelLoaded,
+    TeamUsageRestored,
+    UsageRestored,
+)
 from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 
@@ -354,7 +362,8 @@ def test_bands_beat_tier_affinity_and_usage_together(
     policy = Policy(loadYield=False, fairShareWeights=weights, fairShareTeams=mapped)
     server = [ModelSpec(m, load_seconds=60, server="s", switch_seconds=switch) for m in ("warm", "held", "switch")]
     d, clock = dispatcher(lanes={}, policy=policy, models=[*server, ModelSpec("cold", load_seconds=60)])
-    d.handle(LaneUpdated("gpu-0", resident="warm", loaded=frozenset({"held"}), memory_mib=1000))
+    d.handle(LaneMemory("gpu-0", 1000))
+    d.handle(LaneUpdated("gpu-0", resident="warm", loaded=frozenset({"held"})))
     submit(d, clock, "blocker", model="warm", member="x")
     levels = (("lo", team_of[0], -100, lo_usage), ("hi", team_of[1], -100 + 100 * gap, hi_usage))
     for member, team, band, usage in levels:

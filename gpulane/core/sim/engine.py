@@ -23,6 +23,7 @@ from gpulane.core.events import (
     Expired,
     JobFinished,
     JobSubmitted,
+    LaneMemory,
     LaneUpdated,
     ModelLoaded,
     Unloaded,
@@ -260,7 +261,8 @@ def simulate(
     yields = 0
     serving: dict[str, str | None] = dict.fromkeys(lanes, scenario.initial_model)
     for lane in lanes:
-        dispatcher.handle(LaneUpdated(lane, resident=scenario.initial_model, memory_mib=scenario.lane_memory_mib))
+        dispatcher.handle(LaneMemory(lane, scenario.lane_memory_mib or 0))
+        dispatcher.handle(LaneUpdated(lane, resident=scenario.initial_model))
 
     band_of = scenario.policy.band
     waiting: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
