@@ -95,9 +95,11 @@ class ModelCatalog:
         self._specs[name] = replace(spec, load_seconds=self._blend(spec.load_seconds, seconds))
 
     def observe_switch(self, name: str, seconds: float) -> None:
+        """A load by the lane's running server. The first one is taken as it is: a new pod's load time (or the
+        default's minute) says little of it."""
         spec = self.get(name)
-        old = spec.load_seconds if spec.switch_seconds is None else spec.switch_seconds
-        self._specs[name] = replace(spec, switch_seconds=self._blend(old, seconds))
+        learned = max(0.0, seconds) if spec.switch_seconds is None else self._blend(spec.switch_seconds, seconds)
+        self._specs[name] = replace(spec, switch_seconds=learned)
 
     def switch_share(self, name: str) -> float:
         """What a switch into a running server saves against a new pod, as a share of the new pod's cost."""

@@ -268,7 +268,7 @@ class LaneRunner:
         except RouterError as err:
             self.host.backend_failed(self.name, "ServerUnreachable", f"{pod.name}: {err}")
             return None
-        log.info("lane %s: %s loaded by its server %s in %.2fs", self.name, model, pod.name, seconds)
+        log.info("lane %s: %s loaded by its server %s in %.3fs", self.name, model, pod.name, seconds)
         return seconds
 
     async def _remove(self, pod: PodState) -> None:

@@ -114,8 +114,11 @@ def test_a_switch_is_learned_apart_from_a_cold_load():
     clock.now += 1
     d.handle(JobSubmitted(Job("j2", "b", submitted_at=clock.now)))
     d.handle(ModelLoaded("gpu-0", "b", 0.5, in_server=True))
-    assert d.models.get("b").switch_seconds == 5 + 0.2 * (0.5 - 5)  # the average moved from the load time
+    assert d.models.get("b").switch_seconds == 0.5  # the first, as it is: a cold load's time says little of it
     assert d.models.get("b").load_seconds == 5  # a cold load is learned apart
+    d.models.observe_switch("c", 1.5)
+    d.models.observe_switch("c", 0.5)
+    assert d.models.get("c").switch_seconds == 1.5 + 0.2 * (0.5 - 1.5)  # then an average
 
 
 def test_affinity_is_all_of_the_bonus_for_a_loaded_model_and_what_a_switch_saves_for_the_others():
