@@ -1345,18 +1345,24 @@ def test_rounded_positions_widen_with_the_distance_from_the_head() -> None:
     assert all(bucket(p, 7) >= p for p in range(1, 5000))
 
 
+async def positioned_queue(jobs: int) -> World:
+    """A warm lane running one job, ``jobs`` queued behind it (10 exact positions), every position written."""
+    w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
+    await w.warm("run")
+    for i in range(jobs):
+        w.submit(f"q{i:03d}", created=T0 + 1 + i)
+    while w.ctl.status.dirty:
+        await w.ctl.status.flush()
+    return w
+
+
 def test_a_dispatch_rewrites_the_far_positions_only_where_a_job_crosses_a_bucket_boundary():
     """Issue 35: a dispatch moves every waiting job by one. With buckets of one width (multiples of the exact
     count) that rewrote every one in ``exact`` of them: 400 writes per dispatch at 20,000 pending. With buckets
     that widen, one job per boundary: 10 exact positions and the 5 boundaries (20, 50, 100, 200, 500) of 600."""
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
-        await w.warm("run")
-        for i in range(600):
-            w.submit(f"q{i:03d}", created=T0 + 1 + i)
-        while w.ctl.status.dirty:
-            await w.ctl.status.flush()
+        w = await positioned_queue(600)
         mark = len(w.kube.calls)
         w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))  # as a dispatch: everyone moves up one
         await w.ctl.status.flush()
@@ -1390,12 +1396,7 @@ def test_a_dispatch_forecasts_only_the_heads_until_a_job_arrives(monkeypatch: py
     passes = counted_forecasts(monkeypatch)
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
-        await w.warm("run")
-        for i in range(600):
-            w.submit(f"q{i:03d}", created=T0 + 1 + i)
-        while w.ctl.status.dirty:
-            await w.ctl.status.flush()
+        w = await positioned_queue(600)
         assert passes[-1] >= 600
         mark = len(w.kube.calls)
         w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))  # everyone moves up one
@@ -1419,12 +1420,7 @@ def test_the_whole_queue_is_forecast_again_once_its_last_forecast_has_aged(monke
     passes = counted_forecasts(monkeypatch)
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
-        await w.warm("run")
-        for i in range(100):
-            w.submit(f"q{i:03d}", created=T0 + 1 + i)
-        while w.ctl.status.dirty:
-            await w.ctl.status.flush()
+        w = await positioned_queue(100)
         w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))
         await w.ctl.status.flush()
         assert passes[-1] <= status_module.HEAD_FORECAST_SPAN * 10
