@@ -192,6 +192,10 @@ def test_the_interactive_call_overtakes_the_batch_call(setup: Setup) -> None:
     world.wait_phase("blocker", "Running")
     finished: list[str] = []
 
+    def queued(member: str) -> bool:
+        return any(j["spec"]["member"] == member and j.get("status", {}).get("phase") == "Pending"
+                   for j in setup.jobs())  # fmt: skip
+
     def call(name: str, priority: str) -> None:
         client = setup.client(APP_KEY, **{"X-LlamaSwap-Priority": priority, "X-LlamaSwap-Member": name})
         client.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": name}])
@@ -202,7 +206,8 @@ def test_the_interactive_call_overtakes_the_batch_call(setup: Setup) -> None:
     wait_until(lambda: any(j["spec"]["member"] == "app/batch-user" for j in setup.jobs()), what="the batch job")
     interactive = threading.Thread(target=call, args=("image-user", "interactive"))
     interactive.start()
-    wait_until(lambda: any(j["spec"]["member"] == "app/image-user" for j in setup.jobs()), what="the interactive job")
+    # Pending is the operator's write: it has queued both before the GPU frees.
+    wait_until(lambda: queued("app/batch-user") and queued("app/image-user"), what="both jobs queued")
     world.complete("blocker")
     batch.join(60)
     interactive.join(60)
