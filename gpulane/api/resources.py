@@ -197,6 +197,8 @@ class GpuJobStatus(CamelModel):
     # When the forecast that gave position and estimatedStart ran: far jobs' rounded ones are rewritten only
     # when their bucket changes, and a long queue's whole forecast runs less often than its head's.
     estimated_at: str | None = Field(default=None, json_schema_extra=TIME_FORMAT)
+    # The lane the forecast expects it to start on (its position is this lane's); unset when none is online.
+    expected_lane: str | None = None
     score: ScoreTerms | None = None
     waited: str | None = None
     # When the operator first saw the job (to the millisecond): its place in arrival order, across restarts.

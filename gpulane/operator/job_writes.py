@@ -49,6 +49,7 @@ def dispatched_fields(view: JobView, lane: str | None, history: DispatchHistory,
         "positionExact": None,
         "estimatedStart": None,
         "estimatedAt": None,
+        "expectedLane": None,
     }
     if decision is not None:
         fields["score"] = score_fields(decision.score)
@@ -62,7 +63,7 @@ def dispatched_fields(view: JobView, lane: str | None, history: DispatchHistory,
 
 def refreshable(view: JobView) -> bool:
     """Whether a job's next position may go without its lock: our Pending status is on it, and its finalizer."""
-    return view.api_phase == "Pending" and FINALIZER in view.finalizers and len(view.written or ()) == 4
+    return view.api_phase == "Pending" and FINALIZER in view.finalizers and len(view.written or ()) == 5
 
 
 def refreshed(status: Body, written: tuple[Any, ...] | None) -> list[Body]:
@@ -71,8 +72,9 @@ def refreshed(status: Body, written: tuple[Any, ...] | None) -> list[Body]:
     removed."""
     patch: list[Body] = [{"op": "test", "path": "/status/phase", "value": "Pending"}]
     patch += [{"op": "add", "path": f"/status/{k}", "value": v} for k, v in status.items() if v is not None]
-    if status.get("estimatedStart") is None and written is not None and written[2] is not None:
-        patch.append({"op": "remove", "path": "/status/estimatedStart"})
+    for field, index in (("estimatedStart", 2), ("expectedLane", 4)):
+        if status.get(field) is None and written is not None and written[index] is not None:
+            patch.append({"op": "remove", "path": f"/status/{field}"})
     return patch
 
 

@@ -258,7 +258,7 @@ class StatusWriter:
                 continue  # a bucket is rewritten only when it changes: no need for its score
             score = dispatcher.score(view.job, f.lane, now)
             start = None if f.start is None else round(f.start if exact else f.start / 60) * (1 if exact else 60)
-            desired = (position, exact, start, round(score.total))
+            desired = (position, exact, start, round(score.total), f.lane)
             if not self._changed(view.written, desired):
                 continue
             queued = condition("Admitted", True, "Queued", "waiting for a lane", now)
@@ -272,6 +272,7 @@ class StatusWriter:
                 positionExact=exact,
                 estimatedStart=None if start is None else format_time(start),
                 estimatedAt=format_time(now),
+                expectedLane=f.lane,
                 score=score_fields(score),
                 conditions=merge_condition(view.conditions, queued),
             )
@@ -308,11 +309,13 @@ class StatusWriter:
     def _changed(written: tuple[Any, ...] | None, desired: tuple[Any, ...]) -> bool:
         if written is None or len(written) != len(desired):
             return True
-        position, exact, start, score = desired
+        position, exact, start, score, lane = desired
         if (written[0], written[1]) != (position, exact):
             return True
         if not exact:
             return False  # a bucket is rewritten only when it changes
+        if lane != written[4]:
+            return True
         if (start is None) != (written[2] is None):
             return True
         moved = start is not None and abs(start - written[2]) > 30

@@ -1313,6 +1313,7 @@ def test_status_writer_is_rate_limited_head_first_and_rounds_far_positions():
             assert patch["status"]["phase"] == "Pending"
             assert (patch["status"]["position"], patch["status"]["positionExact"]) == (i + 1, True)
         assert w.kube.job("q000")["status"]["estimatedStart"] is not None
+        assert w.kube.job("q000")["status"]["expectedLane"] == "gpu-0"  # whose head it is (the web page's "next")
         assert [c.target.rsplit("/", 1)[1] for c in w.kube.calls[mark:] if c.verb == "patch_job"] == names[:50]
         mark = len(w.kube.calls)
 
