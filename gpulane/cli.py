@@ -36,6 +36,8 @@ COMMANDS = {
               "each GPU: resident model, running jobs, queue depth, swaps and use"),
     "usage": ("gpulane.explain.main", "usage_arguments", "run_usage",
               "each namespace's and member's GPU time over a window, weight and fair-share usage"),
+    "ui": ("gpulane.ui.main", "add_arguments", "run",
+           "serve the live web page: lanes, the queue, chains, a job's story and usage (docs/ui.md)"),
     "fake-backend": ("gpulane.fakes.backend", "add_arguments", "run",
                      "an OpenAI-compatible fake model server (tests, demo)"),
     "webhook": ("gpulane.admission.main", "add_arguments", "run",

@@ -110,7 +110,7 @@ class ResultReader:
             return _error(401, f"the token was not accepted: it must be one for audience {BRIDGE_AUDIENCE} "
                           f"(kubectl create token NAME --audience {BRIDGE_AUDIENCE})")  # fmt: skip
         user, groups = who
-        if not await self.kube.may_get_job(user, groups, namespace, name):
+        if not await self.kube.may_read_jobs(user, groups, namespace, name):
             return _error(403, f"{user} may not get GpuJob {namespace}/{name}")
         try:
             job = await self.kube.get_job(namespace, name)

@@ -251,9 +251,12 @@ class Kube:
             return None
         return str(status.user.username), list(status.user.groups or [])
 
-    async def may_get_job(self, user: str, groups: list[str], namespace: str, name: str) -> bool:
-        """Whether ``user`` may get GpuJob namespace/name (a SubjectAccessReview)."""
-        attributes = {"verb": "get", "group": GROUP, "resource": "gpujobs", "namespace": namespace, "name": name}
+    async def may_read_jobs(self, user: str, groups: list[str], namespace: str, name: str | None = None) -> bool:
+        """Whether ``user`` may get GpuJob namespace/name, or without a name list the GpuJobs of ``namespace``
+        (of every namespace when it is "") (a SubjectAccessReview)."""
+        attributes = {"verb": "get" if name else "list", "group": GROUP, "resource": "gpujobs", "namespace": namespace}
+        if name:
+            attributes["name"] = name
         review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
                   "spec": {"user": user, "groups": groups, "resourceAttributes": attributes}}  # fmt: skip
         result = await self._call(client.AuthorizationV1Api(self.api).create_subject_access_review, review)

@@ -28,7 +28,7 @@ class FakeKube:
         self.audiences.append(audience)
         return TOKENS.get(token)
 
-    async def may_get_job(self, user: str, groups: list[str], namespace: str, name: str) -> bool:
+    async def may_read_jobs(self, user: str, groups: list[str], namespace: str, name: str | None = None) -> bool:
         self.reviews.append((user, namespace, name))
         return namespace in groups  # each team may read its own namespace's jobs
 

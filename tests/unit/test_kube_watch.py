@@ -41,7 +41,7 @@ def test_failed_lists_back_off_and_readiness_follows_the_watch(
     watches = 0
     broken = asyncio.Event()
 
-    async def fake_watch(kube: Any, namespace: Any, selector: Any, deliver: Any, version: str) -> None:
+    async def fake_watch(kube: Any, plural: str, namespace: Any, selector: Any, deliver: Any, version: str) -> None:
         nonlocal watches
         watches += 1
         assert version == "1"

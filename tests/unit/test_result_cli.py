@@ -78,7 +78,7 @@ class BridgeKube:
         self.tokens.append(token)
         return TOKENS.get(token)
 
-    async def may_get_job(self, user: str, groups: list[str], namespace: str, name: str) -> bool:
+    async def may_read_jobs(self, user: str, groups: list[str], namespace: str, name: str | None = None) -> bool:
         return namespace in groups
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
