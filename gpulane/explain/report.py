@@ -88,6 +88,7 @@ def queue(jobs: list[Body], models: dict[str, Body], now: float, lane: str | Non
                     "score": score,
                     "waited": now - (parse_time(job["metadata"].get("creationTimestamp")) or now),
                     "estimatedStart": parse_time(status.get("estimatedStart")),
+                    "lane": status.get("expectedLane"),  # the lane its position is in
                     "reason": status.get("reason"),
                 }
             )

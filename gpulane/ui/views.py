@@ -125,6 +125,8 @@ def chains(chain_objs: list[Body], now: float) -> list[Body]:
     by_key = {f"{c['metadata']['namespace']}/{c['metadata']['name']}": c for c in chain_objs}
     for row in rows:
         status = by_key[row["chain"]].get("status") or {}
+        if row["current"] != "-":  # a step is a job of the chain's namespace: the page links its story
+            row["current"] = f"{row['chain'].split('/', 1)[0]}/{row['current']}"
         row["completed"], row["total"] = status.get("completed") or 0, status.get("total")
         row["failed"] = status.get("failed") or 0
     return rows

@@ -209,6 +209,29 @@ class BridgeProcess(GpulaneProcess):
         return f"http://127.0.0.1:{self.port}"
 
 
+class UiProcess(GpulaneProcess):
+    """``gpulane ui``: the web page, with the bridge's keys file for ``namespace``; ready once its first lists are
+    done (/healthz)."""
+
+    name = "ui"
+
+    def __init__(self, cluster: Cluster, log_dir: Path, namespace: str, keys_file: Path, *extra: str) -> None:
+        super().__init__(cluster, log_dir, *extra)
+        self.namespace, self.keys_file = namespace, keys_file
+
+    def argv(self) -> list[str]:
+        return ["ui", "--bridge-namespace", self.namespace, "--keys-file", str(self.keys_file),
+                "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}/healthz", timeout=5) as resp:
+            return bool(resp.status == 200)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 class FakeBackendProcess(GpulaneProcess):
     """``gpulane fake-backend``: an OpenAI-compatible model server on 127.0.0.1, ready when /health is 200."""
 

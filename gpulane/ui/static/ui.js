@@ -12,7 +12,7 @@ function h(tag, attrs, ...children) {
     if (v === null || v === undefined || v === false) continue;
     if (k === "class") el.className = v;
     else if (k.startsWith("data-")) el.setAttribute(k, v);
-    else if (k === "style") el.setAttribute("style", v);
+    else if (k === "style") el.style.cssText = v; // through the CSSOM: the page's policy forbids style attributes
     else el[k] = v;
   }
   for (const c of children.flat()) {
@@ -95,10 +95,12 @@ function laneCard(lane) {
 }
 
 function timeline(lane) {
-  const end = now(), start = end - lane.window, width = 1000;
-  const x = (t) => ((Math.max(t, start) - start) / lane.window) * width;
+  // The last hours at most; a lane with a short past is shown from its first job (ten minutes at least).
+  const end = now(), first = lane.timeline.length ? lane.timeline[0].start : end;
+  const span = Math.min(lane.window, Math.max(600, end - first + 60)), start = end - span, width = 1000;
+  const x = (t) => ((Math.max(t, start) - start) / span) * width;
   const box = svg("svg", { viewBox: `0 0 ${width} 46`, preserveAspectRatio: "none", role: "img",
-    "aria-label": `${lane.lane}: the last ${duration(lane.window)}` });
+    "aria-label": `${lane.lane}: the last ${duration(span)}` });
   box.append(svg("rect", { x: 0, y: 8, width, height: 24, fill: "#f0f1f4" }));
   const models = new Set();
   for (const s of lane.timeline) {
@@ -111,7 +113,7 @@ function timeline(lane) {
       fill: load ? "#9aa0aa" : colour(s.model), "data-kind": s.kind }, title));
   }
   for (let i = 0; i <= 6; i++) {
-    const t = start + (lane.window * i) / 6, label = svg("text", { x: Math.min(i * width / 6, width - 40), y: 44,
+    const t = start + (span * i) / 6, label = svg("text", { x: Math.min(i * width / 6, width - 40), y: 44,
       "font-size": 9, fill: "#888" });
     label.textContent = clock(t).slice(0, 5);
     box.append(label);
@@ -147,19 +149,20 @@ function queueView(q, query) {
     for (const [k, v] of new FormData(filters)) if (v) params.set(k, v);
     location.hash = `queue${params.size ? "?" + params : ""}`;
   });
-  const running = q.running.map((r) => h("tr", { "data-job": r.job || "" },
-    h("td", {}, r.phase === "Running" ? "running" : "loading"), h("td", {}, jobLink(r.job)), h("td", {}, r.lane || "-"),
-    h("td", {}, r.member || "-"), h("td", {}, r.model), h("td", {}, ""), h("td", {}, ""),
-    h("td", { class: "num" }, duration(r.elapsed)), h("td", {}, "")));
+  const running = q.running.map((r) => h("tr", { "data-job": r.job || "", class: "running" },
+    h("td", {}, r.phase === "Running" ? "running" : "loading"), h("td", {}, jobLink(r.job)), h("td", {}, ""),
+    h("td", {}, r.member || "-"), h("td", {}, r.model), h("td", {}, r.lane || "-"), h("td", {}, ""), h("td", {}, ""),
+    h("td", { class: "num" }, duration(r.elapsed)), h("td", {}, "started")));
   const waiting = q.waiting.map((r) => h("tr", { "data-job": r.job || "" },
     h("td", { class: "num" }, r.position ? `${r.exact ? "" : "≤"}${r.position}` : "-"),
     h("td", {}, jobLink(r.job)), h("td", {}, r.band), h("td", {}, r.member || "-"), h("td", {}, r.model),
+    h("td", {}, r.lane || "-"),
     h("td", { class: "num" }, r.score && r.score.total !== undefined ? r.score.total.toFixed(1) : "-"),
     h("td", {}, termsBar(r.score)), h("td", { class: "num" }, duration(r.waited)),
     h("td", {}, inFrom(r.estimatedStart))));
   return h("div", {}, filters,
     h("table", { id: "queue-table" },
-      h("thead", {}, h("tr", {}, ["Pos", "Job", "Band", "Member", "Model", "Score", "Terms", "Waited", "Starts"].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, ["Pos", "Job", "Band", "Member", "Model", "Lane", "Score", "Terms", "Waited", "Starts"].map((t) => h("th", {}, t)))),
       h("tbody", {}, running, waiting)),
     h("p", { class: "legend" }, TERMS.map(([k, c]) => h("span", {}, h("span", { class: "swatch", style: `background:${c}` }), k))));
 }
@@ -186,7 +189,7 @@ function jobView(job) {
   if (job.score) {
     const max = Math.max(1, ...TERMS.map(([k]) => Math.abs(job.score[k] || 0)));
     parts.push(h("div", { class: "score-bars", id: "score" },
-      TERMS.map(([k, c]) => {
+      TERMS.flatMap(([k, c]) => {
         const v = job.score[k] || 0, w = (Math.abs(v) / max) * 50;
         return [h("span", {}, k), h("span", { class: "track" },
           h("span", { style: `left:${v < 0 ? 50 - w : 50}%;width:${w}%;background:${c}` })),
