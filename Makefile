@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lock test unit lint crds chart demo simulate bench bench-operator bench-chaos plots clean
+.PHONY: install lock test unit lint crds chart demo simulate bench bench-operator bench-chaos plots clean browser screenshots
 .DEFAULT_GOAL := help
 
 help:
@@ -26,6 +26,8 @@ help:
 	@echo "make llama-server - llama.cpp's llama-server built into an image: the e2e suite's real model server"
 	@echo "make cluster-up / cluster-status / cluster-down - the local cluster with the real GPU node gpu-0 (NODE=kwok: a kwok gpu-0)"
 	@echo "make e2e       - only the end-to-end tests against the local control plane"
+	@echo "make browser   - Debian's chromium for the web page's browser tests (apt-get; make test runs it)"
+	@echo "make screenshots - the web page's screenshots in docs/img/, taken by its browser tests"
 
 install: $(STAMP)
 # pyproject.toml keeps open ranges; requirements.lock pins what is installed (here and in the image).
@@ -47,8 +49,20 @@ include hack/cluster.mk
 # The suite's groups side by side (docs/development.md, Groups): worker gw0 runs the serial group on the
 # cluster with the real node gpu-0, each other worker the parallel groups on a kwok cluster of its own.
 TEST_WORKERS ?= 3
-test: lint tools llama-server
+test: lint tools llama-server browser
 	$(BIN)/pytest -q -n $(TEST_WORKERS)
+
+# Debian's Chromium for the web page's browser tests: Playwright drives it and never downloads a browser.
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@test -x $(CHROMIUM) || { echo "installing Debian's chromium for the web page's browser tests"; \
+		$(SUDO) apt-get install -y -q chromium >/dev/null || \
+		{ $(SUDO) apt-get update -q >/dev/null && $(SUDO) apt-get install -y -q chromium >/dev/null; }; }
+
+# The web page's screenshots in docs/img/ (docs/ui.md), taken by its browser tests on the local cluster.
+screenshots: install tools browser
+	GPULANE_SCREENSHOTS=$(CURDIR)/docs/img $(BIN)/pytest -q tests/e2e/test_ui.py
 
 unit: install
 	$(BIN)/pytest -q -m 'not e2e'

@@ -11,6 +11,7 @@ configuration with ``failurePolicy: Fail`` would break every later test.
 from __future__ import annotations
 
 import hashlib
+import http.cookiejar
 import json
 import subprocess
 import threading
@@ -172,6 +173,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
             "executeNamespaces": [namespace],
             "results": {"enabled": True, "existingClaim": "results"},
         },
+        "ui": {"enabled": True},
     }
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump(values))
@@ -187,7 +189,7 @@ def test_the_chart_installs_gpulane_on_the_real_node(
 
         # 1. Every component runs on the real node and is Ready.
         pods = pods_of(core_v1, namespace, release)
-        assert set(pods) == {"operator", "webhook", "bridge"}, sorted(pods)
+        assert set(pods) == {"operator", "webhook", "bridge", "ui"}, sorted(pods)
         for component, pod in pods.items():
             assert pod.spec.node_name == localcluster.GPU_NODE, (component, pod.spec.node_name)
             assert ready(pod), (component, pod.status.conditions)
@@ -257,6 +259,9 @@ def test_the_chart_installs_gpulane_on_the_real_node(
         with urllib.request.urlopen(request, timeout=10) as resp:
             models = [m["id"] for m in json.loads(resp.read())["data"]]
         assert model in models, models
+        # The web page through its Service, from the image's own assets: the bridge's key logs in.
+        page = f"http://{core_v1.read_namespaced_service(f'{fullname}-ui', namespace).spec.cluster_ip}:8092"
+        assert page_view(page, BRIDGE_KEY, lane)["viewer"] == "key chart"
 
         # The whole path inside the cluster: the real openai client -> the chart's bridge (a pod, through
         # its Service) -> a GpuJob -> the chart's operator -> a backend pod on gpu-0 that really serves.
@@ -661,6 +666,22 @@ def test_helm_install_with_bad_values_fails_before_anything_is_created(cluster: 
     assert left == "", left
 
 
+def page_view(url: str, key: str, lane: str) -> dict[str, Any]:
+    """The chart's web page: its HTML and script, a login with ``key``, then the lanes view, which shows ``lane``."""
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    with browser.open(f"{url}/", timeout=10) as resp:
+        assert b"/static/ui.js" in resp.read()
+    with browser.open(f"{url}/static/ui.js", timeout=10) as resp:
+        assert b"EventSource" in resp.read()
+    login = urllib.request.Request(f"{url}/api/login", data=json.dumps({"secret": key}).encode(),
+                                   headers={"Content-Type": "application/json"})  # fmt: skip
+    browser.open(login, timeout=10).close()
+    with browser.open(f"{url}/api/views/lanes", timeout=10) as resp:
+        body: dict[str, Any] = json.loads(resp.read())
+    assert lane in [row["lane"] for row in body["data"]], body
+    return body
+
+
 def rendered(cluster: Cluster, *values: str) -> dict[tuple[str, str], dict[str, Any]]:
     out = cluster.helm("template", "r", str(CHART), "-n", "ns", *values).stdout
     return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d}
@@ -970,3 +991,29 @@ def test_admission_mode_chooses_the_webhook_the_apiservers_policies_or_both(clus
     old = cluster.helm("template", "r", str(CHART), "--kube-version", "1.35.0", "--set", "admission.mode=policy",
                        check=False)  # fmt: skip
     assert old.returncode != 0 and "needs Kubernetes 1.36 or later" in old.stderr
+
+
+def test_the_web_page_renders_with_the_bridges_keys_tokens_or_anonymous_and_reads_only(cluster: Cluster) -> None:
+    """Issue 38: ui.enabled installs ``gpulane ui``; the bridge's keys log in when the bridge is installed, the
+    anonymous page only when asked for, and its account reads gpulane's kinds and writes nothing."""
+    keys = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
+    box = rendered(cluster, "--set", "ui.enabled=true", *keys)
+    pod = box["Deployment", "r-gpulane-ui"]["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[0] == "ui" and "--keys-file=/etc/gpulane/keys/keys.yaml" in args and "--anonymous" not in args
+    assert {"name": "keys", "secret": {"secretName": "keys"}} in pod["volumes"]
+    rules = box["ClusterRole", "r-gpulane-ui"]["rules"]
+    assert {verb for rule in rules if rule["apiGroups"] == ["gpulane.io"] for verb in rule["verbs"]} == {
+        "get", "list", "watch"}  # fmt: skip
+    assert ("NetworkPolicy", "r-gpulane-ui") in box and ("Ingress", "r-gpulane-ui") not in box
+    alone = rendered(cluster, "--set", "ui.enabled=true", "--set", "ui.auth.anonymous=true")
+    args = alone["Deployment", "r-gpulane-ui"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--anonymous" in args and not [a for a in args if a.startswith("--keys-file")]  # no bridge, no keys
+    ingress = rendered(cluster, "--set", "ui.enabled=true", "--set", "ui.ingress.enabled=true",
+                       "--set", "ui.ingress.host=gpu.example.org", "--set", "ui.ingress.tlsSecret=gpu-tls")  # fmt: skip
+    spec = ingress["Ingress", "r-gpulane-ui"]["spec"]
+    assert spec["rules"][0]["host"] == "gpu.example.org" and spec["tls"][0]["secretName"] == "gpu-tls"
+    no_host = cluster.helm("template", "r", str(CHART), "--set", "ui.enabled=true", "--set", "ui.ingress.enabled=true",
+                           check=False)  # fmt: skip
+    assert no_host.returncode != 0 and "ui.ingress.host" in no_host.stderr
+    assert not [k for k in rendered(cluster) if k[1] == "r-gpulane-ui"]  # off by default

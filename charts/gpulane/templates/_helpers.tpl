@@ -47,6 +47,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpulane.operator.fullname" -}}{{ include "gpulane.fullname" . }}-operator{{- end }}
 {{- define "gpulane.webhook.fullname" -}}{{ include "gpulane.fullname" . }}-webhook{{- end }}
 {{- define "gpulane.bridge.fullname" -}}{{ include "gpulane.fullname" . }}-bridge{{- end }}
+{{- define "gpulane.ui.fullname" -}}{{ include "gpulane.fullname" . }}-ui{{- end }}
 
 {{- define "gpulane.operator.serviceAccountName" -}}
 {{- default (include "gpulane.operator.fullname" .) .Values.operator.serviceAccount.name }}
@@ -60,6 +61,9 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpulane.operator.serv
 {{- end }}
 {{- define "gpulane.bridge.serviceAccountName" -}}
 {{- default (include "gpulane.bridge.fullname" .) .Values.bridge.serviceAccount.name }}
+{{- end }}
+{{- define "gpulane.ui.serviceAccountName" -}}
+{{- default (include "gpulane.ui.fullname" .) .Values.ui.serviceAccount.name }}
 {{- end }}
 
 {{/* Where the operator creates backend pods: the one named, else "<release namespace>-backends" (the chart's). */}}
