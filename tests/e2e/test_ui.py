@@ -14,30 +14,21 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from playwright.sync_api import sync_playwright
 
+from .browser import RECORD_SHOWN, chromium, log_in, shown_at
 from .operator_support import API, GROUP, OperatorProcess, UiProcess, World, phase_watch
 from .support import Cluster, wait_until
 
 pytestmark = pytest.mark.e2e("kwok")
 
-CHROMIUM = Path(os.environ.get("GPULANE_CHROMIUM", "/usr/bin/chromium"))
-# Chromium as root in a sandboxless container, and quiet: this machine's network is closed, and a browser that
-# calls home at every start has its connections refused.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]  # fmt: skip
 KEYS = "keys:\n- {name: film-app, key: sk-e2e-film-app, member: film-app}\n"
 HIDDEN = "(a job of another namespace)"
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        raise AssertionError(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium (docs/development.md)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
@@ -85,13 +76,6 @@ subjects: [{{kind: ServiceAccount, name: viewer, namespace: {namespace}}}]
     return made.stdout.strip()
 
 
-def log_in(page: Any, ui: UiProcess, secret: str, view: str = "lanes") -> None:
-    page.goto(f"{ui.url}/#{view}")
-    page.fill("#secret", secret)
-    page.click("#login-form button")
-    page.wait_for_selector("#live.on")
-
-
 def shot(page: Any, name: str) -> None:
     """A screenshot for the docs, when the run is asked for them."""
     if where := os.environ.get("GPULANE_SCREENSHOTS"):
@@ -106,35 +90,33 @@ def test_the_page_shows_a_dispatch_within_a_second_and_the_jobs_story(
     world.job("first", model, member="alice")
     world.wait_phase("first", "Running")
     page = browser.new_page(viewport={"width": 1280, "height": 800})
-    log_in(page, ui, viewer_token(cluster, world.namespace))
+    log_in(page, ui.url, viewer_token(cluster, world.namespace))
     page.wait_for_selector(f"[data-lane='{lane}'] .running-job a:text('{world.namespace}/first')")
     # The browser notes when the next job's name first shows among the lane's running jobs: both clocks are
     # this machine's, so its time minus the time our watch saw the operator's write is the page's delay.
-    page.evaluate("""job => {
-        window.shownAt = null;
-        new MutationObserver(() => {
-            const links = [...document.querySelectorAll('.running-job a')];
-            if (window.shownAt === null && links.some(a => a.textContent === job)) window.shownAt = Date.now() / 1000;
-        }).observe(document.getElementById('view'), {childList: true, subtree: true});
-    }""", f"{world.namespace}/second")  # fmt: skip
+    page.evaluate(RECORD_SHOWN)
     world.job("second", model, member="bob")
     world.wait_phase("second", "Pending")
     with phase_watch(world) as seen:
         world.complete("first")
         written = wait_until(lambda: next((time.time() for n, p in list(seen) if n == "second" and p == "Running"),
                                           None), what="the watch to see second Running", interval=0.005)  # fmt: skip
-    shown = wait_until(lambda: page.evaluate("window.shownAt"), what="the page to show the dispatch")
+    shown = wait_until(lambda: shown_at(page, f"{world.namespace}/second"), what="the page to show the dispatch")
     assert shown - written < 1.0, f"the page showed the dispatch {shown - written:.2f}s after its write"
 
-    # Another namespace's job: load on the page, never its name.
+    # A queue behind it, and another namespace's job: load on the page, never its name.
+    world.job("render-poster", model, member="carol", priority="batch")
+    world.job("summarise-notes", model, member="alice", tier="pro")
+    world.job("answer-ticket", model, member="dave", priority="interactive")
     other.job("their-secret-job", model, member="mallory")
+    world.wait_phase("render-poster", "Pending")
     page.goto(f"{ui.url}/#queue")
     page.wait_for_selector("#queue-table .hidden-job")
     shot(page, "queue")
     for view in ("lanes", "queue", "chains", "usage"):
         page.goto(f"{ui.url}/#{view}")
         page.wait_for_selector("#live.on")
-        page.wait_for_function("document.getElementById('view').dataset.updated")
+        page.wait_for_selector("#view[data-updated]")
         html = page.content()
         assert "their-secret-job" not in html and other.namespace not in html and "mallory" not in html, view
     page.goto(f"{ui.url}/#lanes")
@@ -160,12 +142,12 @@ def test_a_chains_progress_moves_on_the_page(
     world.apply({"apiVersion": API, "kind": "GpuChain", "metadata": {"name": "film", "namespace": world.namespace},
                  "spec": {"model": model, "priority": "batch", "count": 3}})  # fmt: skip
     page = browser.new_page(viewport={"width": 1280, "height": 500})
-    log_in(page, ui, "sk-e2e-film-app", view="chains")  # the bridge's key: the chain's member is the namespace's
+    log_in(page, ui.url, "sk-e2e-film-app", view="chains")  # the bridge's key: the chain's member is the namespace's
     page.goto(f"{ui.url}/#chains")
     # A key sees its own member's chains only: this one is the namespace's, so it is not listed.
     page.wait_for_selector("text=No GpuChain that you may see.")
     page.click("#logout")
-    log_in(page, ui, viewer_token(cluster, world.namespace), view="chains")
+    log_in(page, ui.url, viewer_token(cluster, world.namespace), view="chains")
     row = f"[data-chain='{world.namespace}/film'] .progress-text"
     page.wait_for_selector(f"{row}:text('0/3')")
     world.wait_phase("film-0", "Running")

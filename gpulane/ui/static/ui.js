@@ -244,6 +244,7 @@ function render(view, query, body) {
   el.replaceChildren(content);
   if (focused) { const again = el.querySelector(`[name="${focused}"]`); if (again) again.focus(); }
   el.dataset.updated = String(body.now);
+  if (!performance.getEntriesByName("gpulane-first-view").length) performance.mark("gpulane-first-view"); // bench/ui.py
 }
 
 function showLogin(message) {
