@@ -110,6 +110,8 @@ plots: install
 	@for s in $(SCENARIOS); do \
 		$(BIN)/gpulane simulate $$s --compare fifo,strict,llama-swap,gpulane,per-job-aging --plot docs/img/$$(basename $$s .yaml).png; \
 	done
+	$(BIN)/gpulane simulate scenarios/film-burst-vs-interactive.yaml --compare fifo,llama-swap,gpulane --plot docs/img/policies.png >/dev/null
+	$(BIN)/python docs/diagrams/call_path.py docs/img/call-path.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -83,15 +83,19 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for kind, result in results.items():
-        done, error = zip(*result["errors"], strict=True)
-        ax.plot(done, [e / 60 for e in error], label=f"film as a {kind}")  # kind: "chain, gpulane"
-    ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set_xlabel("shots done (of 174)")
-    ax.set_ylabel("ETA minus the real end (minutes)")
-    ax.set_title("A GpuChain's ETA over the film, beside image traffic (simulated)")
-    ax.legend()
+    # One panel per policy: lines of equal values (two policies' chains) would hide each other on one.
+    policies = list(dict.fromkeys(key.split(", ", 1)[1] for key in results))
+    fig, axes = plt.subplots(1, len(policies), figsize=(4 * len(policies), 3.6), sharey=True, squeeze=False)
+    for ax, policy in zip(axes[0], policies, strict=True):
+        for kind, style in (("chain", "-"), ("burst", "--")):
+            done, error = zip(*results[f"{kind}, {policy}"]["errors"], strict=True)
+            ax.plot(done, [e / 60 for e in error], style, label=f"film as a {kind}")
+        ax.axhline(0, color="grey", linewidth=0.8)
+        ax.set_title(policy)
+        ax.set_xlabel("shots done (of 174)")
+    axes[0][0].set_ylabel("ETA minus the real end (minutes)")
+    axes[0][0].legend()
+    fig.suptitle("A film's ETA as it renders, beside image traffic (simulated)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
