@@ -30,10 +30,11 @@ COLD_MINUTES, WARM_MINUTES = 18, 2
 ADMIN = "gpulane-admin"  # kubectl's user in the local cluster's admin kubeconfig
 
 
-def explore(tools: release.Tools, bridge_url: str) -> str:
+def explore(tools: release.Tools, bridge_url: str, ui_url: str) -> str:
     ns = release.NAMESPACE
     return f"""
 gpulane keeps running. Explore it:
+  the web page: {ui_url}  (log in with the key {STUDIO.key}, docs/ui.md)
   export KUBECONFIG={tools.kubeconfig} PATH="{tools.bindir}:$PATH"
   kubectl get gj -n {ns}                   # every job, its phase, band, score and wait
   .venv/bin/gpulane queue -n {ns} --watch  # the queue as the operator sees it
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             info = up(log=lambda line: print(line, file=f, flush=True), real_node=True)
         tools = release.Tools(tools_bindir(), info.kubeconfig)
         with (
-            progress.step("chart (operator, admission, bridge, policy, lane, models)"),
+            progress.step("chart (operator, admission, bridge, web page, policy, lane, models)"),
             tempfile.TemporaryDirectory() as tmp,
         ):
             release.install(tools, Path(tmp), ADMIN)
@@ -86,5 +87,5 @@ def main(argv: list[str] | None = None) -> int:
     for answer in player.answers:
         if answer.error:
             progress.say(f"{answer.call.key.member}'s call failed: {answer.error}")
-    progress.say(explore(tools, bridge_url))
+    progress.say(explore(tools, bridge_url, release.ui_url(tools)))
     return 1 if any(a.error for a in player.answers) else 0

@@ -20,6 +20,7 @@ SELECTOR = "gpulane.io/demo"
 LANE = "gpu-0"
 IMAGE = "gpulane.local/gpulane:dev"
 BRIDGE_PORT = 8090
+UI_PORT = 8092
 
 
 class Tools:
@@ -87,6 +88,7 @@ def values(admin: str) -> dict[str, Any]:
             "executeNamespaces": [NAMESPACE],
             "keys": {"inline": {"keys": keys}},
         },
+        "ui": {"enabled": True, "port": UI_PORT},
     }
 
 
@@ -138,3 +140,9 @@ def remove(tools: Tools) -> None:
 def bridge_url(tools: Tools) -> str:
     service = tools.get("service", f"{RELEASE}-bridge", "-n", NAMESPACE)
     return f"http://{service['spec']['clusterIP']}:{BRIDGE_PORT}/v1"
+
+
+def ui_url(tools: Tools) -> str:
+    """The web page, on its Service's address (this host is the node: the address answers here)."""
+    service = tools.get("service", f"{RELEASE}-ui", "-n", NAMESPACE)
+    return f"http://{service['spec']['clusterIP']}:{UI_PORT}/"

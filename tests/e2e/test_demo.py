@@ -21,6 +21,7 @@ from gpulane.api.resources import GpuPolicySpec
 from gpulane.api.times import parse_time
 
 from .support import Cluster
+from .test_chart import page_view
 
 pytestmark = pytest.mark.e2e("gpu-0")
 
@@ -55,6 +56,9 @@ def test_the_demo_plays_a_film_against_interactive_calls_on_gpu_0(
         backends = f"{release.NAMESPACE}-backends"  # the chart's namespace for backend pods
         pods = tools.get("pods", "-n", backends, "-l", "app.kubernetes.io/component=backend")["items"]
         assert pods and {p["spec"]["nodeName"] for p in pods} == {release.LANE}
+        # The web page the demo ends by pointing at: the studio's key logs in, and it shows the lane.
+        page = page_view(release.ui_url(tools).rstrip("/"), STUDIO.key, release.LANE)
+        assert page["viewer"] == f"key {STUDIO.name}"
 
         # The bridge capped the free key's interactive call to its 0, and said so; the studio's was not.
         answers = {a.call.key.name: a for a in player.answers}

@@ -119,9 +119,16 @@ def test_the_page_shows_a_dispatch_within_a_second_and_the_jobs_story(
         page.wait_for_selector("#view[data-updated]")
         html = page.content()
         assert "their-secret-job" not in html and other.namespace not in html and "mallory" not in html, view
+        if view == "usage":
+            shot(page, "usage")
     page.goto(f"{ui.url}/#lanes")
     page.wait_for_selector(f"[data-lane='{lane}'] svg rect[data-kind='run']")
     shot(page, "lanes")
+    # A member named like markup is text on the page, never an element.
+    world.job("odd-member", model, member="<img src=x onerror=alert(1)>eve")
+    page.goto(f"{ui.url}/#queue")
+    page.wait_for_selector("#queue-table td:text-is('<img src=x onerror=alert(1)>eve')")
+    assert page.locator("#queue-table img").count() == 0
 
     # The story of the second job: it waited for the first.
     page.goto(f"{ui.url}/#job/{world.namespace}/second")

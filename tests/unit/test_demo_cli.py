@@ -172,18 +172,20 @@ def test_ctrl_c_stops_the_demo_with_130_and_no_error(
 
 TOOLS_BIN, KUBECONFIG = Path("/state/tools/bin"), Path("/state/cluster/admin.kubeconfig")
 BRIDGE = "http://10.96.0.12:8090/v1"
+UI = "http://10.96.0.13:8092/"
 
 
 def commands() -> list[str]:
     """explore()'s commands: its indented lines without their comments, a continued line joined."""
-    text = cli.explore(release.Tools(TOOLS_BIN, KUBECONFIG), BRIDGE).replace("\\\n", " ")
+    text = cli.explore(release.Tools(TOOLS_BIN, KUBECONFIG), BRIDGE, UI).replace("\\\n", " ")
     return [line.strip() for line in text.splitlines() if line.startswith("  ")]
 
 
 def test_explore_says_each_way_in() -> None:
-    text = cli.explore(release.Tools(TOOLS_BIN, KUBECONFIG), BRIDGE)
+    text = cli.explore(release.Tools(TOOLS_BIN, KUBECONFIG), BRIDGE, UI)
     assert text.startswith("\ngpulane keeps running. Explore it:\n")
     for expected in (
+        f"the web page: {UI}  (log in with the key {STUDIO.key}",
         f'export KUBECONFIG={KUBECONFIG} PATH="{TOOLS_BIN}:$PATH"',
         "kubectl get gj -n gpulane-demo ",
         ".venv/bin/gpulane queue -n gpulane-demo --watch ",
