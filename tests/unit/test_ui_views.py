@@ -76,7 +76,10 @@ def test_a_lane_shows_its_node_running_job_next_and_timeline() -> None:
     assert (lane["lane"], lane["node"], lane["resident"], lane["ready"]) == ("gpu-0", "node-a", "flux", True)
     (running,) = lane["running"]
     assert (running["job"], running["elapsed"], running["expected"]) == ("team-a/film-3", NOW - (T0 + 400), 120.0)
-    assert [(r["position"], r["job"]) for r in lane["next"]] == [(1, None), (2, "team-a/chat")]
+    assert [(r["position"], r["job"], r["estimatedStart"] - T0) for r in lane["next"]] == [
+        (1, None, 700),  # team-b's job: when it starts, not what it is
+        (2, "team-a/chat", 760),
+    ]
     # film-1 loaded its model for a minute, then ran; film-2 started warm; film-3 runs until now. The gap from
     # T0+200 to T0+300 is idle time: no segment covers it.
     assert [(s["kind"], s["job"], s["start"] - T0, s["end"] - T0) for s in lane["timeline"]] == [
@@ -94,12 +97,8 @@ def test_a_timeline_keeps_only_its_window() -> None:
 
 def test_chains_show_progress_and_only_ones_own() -> None:
     (chain,) = compute("chains", ALICE)["data"]
-    assert (chain["chain"], chain["completed"], chain["total"], chain["current"]) == (
-        "team-a/film",
-        2,
-        5,
-        "team-a/film-3",
-    )
+    shown = (chain["chain"], chain["completed"], chain["total"], chain["current"], chain["etaIn"])
+    assert shown == ("team-a/film", 2, 5, "team-a/film-3", 900)
 
 
 def test_a_jobs_story_and_score() -> None:

@@ -105,6 +105,7 @@ def world() -> dict[str, list[dict[str, Any]]]:
     chains = [
         {"metadata": {"namespace": "team-a", "name": "film"}, "spec": {"model": "flux"},
          "status": {"phase": "Running", "progress": "2/5", "completed": 2, "total": 5, "gpuSeconds": 230,
+                    "estimatedCompletion": format_time(NOW + 900),
                     "current": {"job": "film-3", "phase": "Running"}}},
         {"metadata": {"namespace": "team-b", "name": "secret-chain"}, "spec": {"model": "llama"},
          "status": {"phase": "Running", "progress": "1/9", "completed": 1, "total": 9}},
