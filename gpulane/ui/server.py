@@ -9,6 +9,7 @@ cluster sends a comment every ``HEARTBEAT_SECONDS`` to keep proxies from closing
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ COOKIE = "gpulane_ui"
 COALESCE_SECONDS = 0.1
 HEARTBEAT_SECONDS = 15.0
 VIEWS = ("lanes", "queue", "chains", "job", "usage")
+SCOPES_KEPT = 64  # the viewers' cuts of the store kept at once
 ASSETS = {"ui.js": "text/javascript", "ui.css": "text/css", "index.html": "text/html"}
 # The page loads only its own assets: no inline script, no other origin, not inside another site's frame.
 HEADERS = {
@@ -50,7 +52,8 @@ class Views:
 
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.store, self.clock = store, clock
-        self._visible: dict[tuple[Any, ...], tuple[list[Body], ...]] = {}
+        # Per scope: the store's version it was cut at, and the cut (pages of one scope share it).
+        self._visible: dict[tuple[Any, ...], tuple[int, tuple[list[Body], ...]]] = {}
         self._namespaces: tuple[int, set[str]] = (-1, set())
 
     def namespaces(self) -> set[str]:
@@ -68,10 +71,14 @@ class Views:
             return GpuPolicySpec().scoring()
 
     def _seen(self, viewer: Viewer) -> tuple[list[Body], ...]:
-        key = (self.store.version, viewer.namespaces, viewer.members)
-        if key not in self._visible:
-            self._visible = {key: visible(viewer, *(self.store.items(p) for p in ("gpujobs", "gpulanes", "gpuchains")))}
-        return self._visible[key]
+        scope, version = (viewer.namespaces, viewer.members), self.store.version
+        cached = self._visible.get(scope)
+        if cached is None or cached[0] != version:
+            if cached is None and len(self._visible) >= SCOPES_KEPT:
+                self._visible.clear()  # scopes of sessions long gone
+            objects = (self.store.items(p) for p in ("gpujobs", "gpulanes", "gpuchains"))
+            cached = self._visible[scope] = (version, visible(viewer, *objects))
+        return cached[1]
 
     def compute(self, view: str, viewer: Viewer, query: dict[str, str]) -> Body:
         now = self.clock()
@@ -208,6 +215,12 @@ class Server:
         response = web.StreamResponse(headers={**HEADERS, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
         await response.prepare(request)
+        with contextlib.suppress(ConnectionResetError):  # the page went away (a new view, a closed tab)
+            await self._send(request, response, view, query)
+        return response
+
+    async def _send(self, request: web.Request, response: web.StreamResponse, view: str, query: dict[str, str]) -> None:
+        """The view to ``response`` now and whenever it changes, until the session ends or the page goes."""
         while not self.store.ready:  # an empty cluster is not shown while the first lists are under way
             await self.store.wait(self.store.version)
         sent = None
@@ -215,7 +228,7 @@ class Server:
             viewer = await self._viewer(request)
             if viewer is None:  # the session ended: the page shows the login
                 await response.write(b"event: login\ndata: {}\n\n")
-                return response
+                return
             try:
                 body = self.views.compute(view, viewer, query)
                 event = "view"

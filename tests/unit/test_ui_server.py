@@ -263,3 +263,20 @@ def test_a_relist_after_a_broken_watch_drops_what_was_deleted_meanwhile() -> Non
     store.in_step("gpujobs", True)
     assert store.get("gpujobs", "team-a", "chat") is None
     assert len(store.items("gpujobs")) == 4
+
+
+def test_a_page_that_goes_away_ends_its_stream_quietly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
+        await login(http, "alice-token")
+        answer = await http.get("/api/stream/lanes")
+        await asyncio.wait_for(next_event(answer.content), 5)
+        answer.close()  # the browser moved to another view
+        await asyncio.sleep(0.05)
+        for _ in range(3):  # the next changes find the connection gone
+            store.deliver("gpujobs", "DELETED", world()["gpujobs"][0])
+            store.deliver("gpujobs", "ADDED", world()["gpujobs"][0])
+            await asyncio.sleep(0.2)
+
+    with caplog.at_level("ERROR", logger="aiohttp.server"):
+        serve(tmp_path, scenario)
+    assert not [r for r in caplog.records if r.name == "aiohttp.server"], caplog.text
