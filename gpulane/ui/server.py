@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -25,7 +26,7 @@ from gpulane.core.durations import parse_duration
 from gpulane.core.policy import Policy
 from gpulane.explain import report
 from gpulane.ui import views
-from gpulane.ui.auth import LoginFailed, Sessions
+from gpulane.ui.auth import SESSION_SECONDS, LoginFailed, Sessions
 from gpulane.ui.scope import Viewer, visible
 from gpulane.ui.store import Store
 
@@ -34,6 +35,8 @@ COALESCE_SECONDS = 0.1
 HEARTBEAT_SECONDS = 15.0
 VIEWS = ("lanes", "queue", "chains", "job", "usage")
 SCOPES_KEPT = 64  # the viewers' cuts of the store kept at once
+FAILED_LOGINS_PER_MINUTE = 10  # from one address: keys and tokens are not guessed, but nobody may try
+STREAMS_PER_SESSION = 8  # each open page costs a view's computation per change
 ASSETS = {"ui.js": "text/javascript", "ui.css": "text/css", "index.html": "text/html"}
 # The page loads only its own assets: no inline script, no other origin, not inside another site's frame.
 HEADERS = {
@@ -136,7 +139,9 @@ def _error(status: int, message: str) -> web.Response:
 
 class Server:
     def __init__(self, store: Store, sessions: Sessions, clock: Callable[[], float] = time.time) -> None:
-        self.store, self.sessions, self.views = store, sessions, Views(store, clock)
+        self.store, self.sessions, self.views, self.clock = store, sessions, Views(store, clock), clock
+        self._failed: dict[str, list[float]] = {}  # a client's failed logins in the last minute
+        self._streams: Counter[str] = Counter()  # open streams per session (or client, anonymous)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._headers])
@@ -174,6 +179,14 @@ class Server:
         return web.Response(text="ok" if self.store.ready else "listing", status=200 if self.store.ready else 503)
 
     async def login(self, request: web.Request) -> web.Response:
+        # JSON only: a form on another site cannot send it without the browser asking this server first.
+        if request.content_type != "application/json":
+            return _error(415, 'send JSON (Content-Type: application/json): {"secret": "<a key or a token>"}')
+        client = request.remote or "-"
+        failed = [t for t in self._failed.get(client, []) if t > self.clock() - 60]
+        if len(failed) >= FAILED_LOGINS_PER_MINUTE:
+            return web.json_response({"error": "too many failed logins: wait a minute"}, status=429,
+                                     headers={"Retry-After": "60"})  # fmt: skip
         try:
             secret = str((await request.json()).get("secret") or "")
         except (ValueError, AttributeError):
@@ -181,10 +194,11 @@ class Server:
         try:
             sid, viewer = await self.sessions.login(secret)
         except LoginFailed as err:
+            self._failed[client] = [*failed, self.clock()]
             return _error(401, str(err))
         response = web.json_response({"viewer": viewer.name})
         response.set_cookie(COOKIE, sid, httponly=True, samesite="Strict", path="/", secure=request.secure,
-                            max_age=12 * 3600)  # fmt: skip
+                            max_age=int(SESSION_SECONDS))  # fmt: skip
         return response
 
     async def logout(self, request: web.Request) -> web.Response:
@@ -212,11 +226,20 @@ class Server:
         view, query = _query(request)
         if await self._viewer(request) is None:
             return _error(401, "log in first")
+        holder = request.cookies.get(COOKIE) or request.remote or "-"
+        if self._streams[holder] >= STREAMS_PER_SESSION:
+            return _error(429, f"{STREAMS_PER_SESSION} pages of this session are open already: close one")
         response = web.StreamResponse(headers={**HEADERS, "Content-Type": "text/event-stream",
                                                "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
         await response.prepare(request)
-        with contextlib.suppress(ConnectionResetError):  # the page went away (a new view, a closed tab)
-            await self._send(request, response, view, query)
+        self._streams[holder] += 1
+        try:
+            with contextlib.suppress(ConnectionResetError):  # the page went away (a new view, a closed tab)
+                await self._send(request, response, view, query)
+        finally:
+            self._streams[holder] -= 1
+            if not self._streams[holder]:
+                del self._streams[holder]
         return response
 
     async def _send(self, request: web.Request, response: web.StreamResponse, view: str, query: dict[str, str]) -> None:

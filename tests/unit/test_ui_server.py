@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.bridge.keys import KeyRing
-from gpulane.ui import auth
+from gpulane.ui import auth, server
 from gpulane.ui.auth import UI_AUDIENCE, LoginFailed, Sessions
 from gpulane.ui.server import COOKIE, Server
 from gpulane.ui.store import Store
@@ -99,8 +99,44 @@ def test_a_bad_key_or_token_gets_the_login_again(tmp_path: Path, secret: str) ->
 
 def test_a_login_body_that_is_not_json_is_refused(tmp_path: Path) -> None:
     async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
-        answer = await http.post("/api/login", data="secret=sk-film-app-key")
-        assert answer.status == 400 and "send JSON" in (await answer.json())["error"]
+        # A form (another site's, say) is not JSON: refused before it is read, and no session comes of it.
+        answer = await http.post("/api/login", data={"secret": "sk-film-app-key"})
+        assert answer.status == 415 and "send JSON" in (await answer.json())["error"]
+        assert "Set-Cookie" not in answer.headers
+        broken = await http.post("/api/login", data="{not json", headers={"Content-Type": "application/json"})
+        assert broken.status == 400 and "send JSON" in (await broken.json())["error"]
+
+    serve(tmp_path, scenario)
+
+
+def test_failed_logins_from_one_address_are_slowed(tmp_path: Path) -> None:
+    async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
+        for i in range(server.FAILED_LOGINS_PER_MINUTE):
+            assert (await login(http, f"sk-guess-{i:04d}"))[0] == 401
+        answer = await http.post("/api/login", json={"secret": "sk-film-app-key"})  # even a right one, for now
+        assert answer.status == 429 and answer.headers["Retry-After"] == "60"
+
+    serve(tmp_path, scenario)
+
+
+def test_a_session_opens_a_few_streams_at_most(tmp_path: Path) -> None:
+    async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
+        await login(http, "alice-token")
+        streams = [await http.get("/api/stream/lanes") for _ in range(server.STREAMS_PER_SESSION)]
+        for answer in streams:
+            assert answer.status == 200
+            await asyncio.wait_for(next_event(answer.content), 5)
+        extra = await http.get("/api/stream/queue")
+        assert extra.status == 429 and "close one" in (await extra.json())["error"]
+        streams[0].close()
+        await asyncio.sleep(0.1)
+        store.deliver("gpujobs", "MODIFIED", world()["gpujobs"][0])  # the closed one notices at its next write
+        await asyncio.sleep(0.3)
+        again = await http.get("/api/stream/queue")
+        assert again.status == 200
+        again.close()
+        for answer in streams[1:]:
+            answer.close()
 
     serve(tmp_path, scenario)
 
