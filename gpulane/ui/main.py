@@ -54,7 +54,8 @@ async def _serve(args: argparse.Namespace, keys: KeyRing | None) -> None:
     )
     reloads = None if keys is None else asyncio.create_task(keys.follow(args.keys_file))
     sessions = Sessions(kube, keys, args.bridge_namespace, args.anonymous)
-    runner = web.AppRunner(Server(store, sessions).app(), access_log=None)
+    # A page that goes away cancels its stream's handler at once: its slot and its updates end with it.
+    runner = web.AppRunner(Server(store, sessions).app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, args.host, args.port).start()
     log.info("the web page is on http://%s:%d/ (%s)", args.host, args.port,

@@ -63,7 +63,8 @@ def serve(tmp_path: Path, scenario: Callable[[TestClient, Store, Sessions], Awai
     sessions = Sessions(reviews or Reviews(), KeyRing.load(tmp_path / "keys.yaml"), "team-a", anonymous)
 
     async def run() -> None:
-        async with TestClient(TestServer(Server(store, sessions, clock=lambda: NOW).app())) as http:
+        app = Server(store, sessions, clock=lambda: NOW).app()
+        async with TestClient(TestServer(app, handler_cancellation=True)) as http:  # as gpulane ui runs it
             await scenario(http, store, sessions)
 
     asyncio.run(run())
@@ -128,11 +129,8 @@ def test_a_session_opens_a_few_streams_at_most(tmp_path: Path) -> None:
             await asyncio.wait_for(next_event(answer.content), 5)
         extra = await http.get("/api/stream/queue")
         assert extra.status == 429 and "close one" in (await extra.json())["error"]
-        streams[0].close()
-        await asyncio.sleep(0.1)
-        store.deliver("gpujobs", "MODIFIED", world()["gpujobs"][0])  # the closed one notices at its next write
-        await asyncio.sleep(0.3)
-        again = await http.get("/api/stream/queue")
+        streams[0].close()  # a page moved to another view: its slot is free at once, with no write to notice it
+        again = await until_status(http, "/api/stream/queue", 200)
         assert again.status == 200
         again.close()
         for answer in streams[1:]:
@@ -255,6 +253,17 @@ def test_views_wait_for_the_first_lists(tmp_path: Path) -> None:
         assert (await http.get("/api/views/lanes")).status == 200
 
     serve(tmp_path, scenario, store=Store())
+
+
+async def until_status(http: TestClient, path: str, status: int) -> Any:
+    """GET ``path`` until it answers ``status`` (at most 2 s): the server notices a closed page in its own time."""
+    for _ in range(40):
+        answer = await http.get(path)
+        if answer.status == status:
+            return answer
+        answer.close()
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{path} never answered {status}")
 
 
 async def next_event(lines: Any) -> tuple[str, Any]:
