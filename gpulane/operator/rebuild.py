@@ -139,12 +139,11 @@ def replay(ctl: Host, world: World) -> None:
     for body in jobs:
         if not _adoptable(body):
             ctl.job_event(None, body)
+    statuses = {body["metadata"]["name"]: body.get("status") or {} for body in world.lanes}
     for name, runner in ctl.lanes.items():
         _check_adopted(ctl, name)
-        pod = observed.pods.get(name)
-        core = ctl.dispatcher.lane_state(name)
-        resident = pod.model if pod is not None and not pod.failed else core.resident if core else None
-        ctl.apply(LaneUpdated(name, online=runner.online, resident=resident))
+        resident, loaded = _serving(ctl, name, statuses.get(name) or {})
+        ctl.apply(LaneUpdated(name, online=runner.online, resident=resident, loaded=loaded))
         if resident is not None and resident not in observed.models:  # its GpuModel went while we were away
             ctl.apply(ModelRemoved(resident))
         runner.kick()
@@ -155,6 +154,26 @@ def replay(ctl: Host, world: World) -> None:
         len(ctl.dispatcher.running),
         len(ctl.lanes),
     )
+
+
+def _serving(ctl: Host, lane: str, status: Body) -> tuple[str | None, frozenset[str] | None]:
+    """The model serving on a lane and the others its server holds. A pod serves its own model. A server's pod
+    serves what the lane's status last said of this very pod while it was Ready (the operator's own write): a
+    restart of the operator restarts no server, and the models it switched to are still loaded there."""
+    pod = ctl.observed.pods.get(lane)
+    if pod is None or pod.failed:
+        core = ctl.dispatcher.lane_state(lane)
+        return (core.resident if core else None), None
+    models = ctl.observed.models
+
+    def held(model: object) -> bool:
+        spec = models.get(model) if isinstance(model, str) else None
+        return spec is not None and spec.server == pod.model
+
+    said = status.get("residentModel")
+    if status.get("pod") == pod.name and status.get("ready") and held(said):
+        return said, frozenset(m for m in status.get("loaded") or [] if held(m))
+    return pod.model, None
 
 
 def _adoptable(body: Body) -> bool:

@@ -331,7 +331,8 @@ class StatusWriter:
         # A merge patch merges maps: bands that emptied must be removed explicitly.
         queue_depth: dict[str, int | None] = {**dict.fromkeys(self._written_depth.get(name, {})), **depth}
         self._written_depth[name] = depth
-        ready = bool(pod and pod.ready and core and core.ready and pod.model == core.resident)
+        # A server's pod serves the models it holds: Ready is its pod's, with the serving model loaded.
+        ready = bool(pod and pod.ready and core and core.ready and pod.model == runner.server_of(core.resident))
         if runner.node_problem is not None:
             ready, why, message = False, "NodeUnavailable", f"nothing is dispatched here: {runner.node_problem}"
         elif ready:

@@ -258,10 +258,13 @@ def router_models(world: World, image: str, weights: str) -> tuple[str, dict[str
 
 
 def serving(world: World, lane: str, model: str, loaded: list[str]) -> None:
-    """The lane's status (the status writer's next pass) serving ``model`` with ``loaded`` held beside it."""
+    """The lane's status (the status writer's next pass) serving ``model`` with ``loaded`` held beside it, and
+    Ready: the server's pod serves the models it holds."""
     wait_until(
         lambda: (
-            (s := world.cluster_status("gpulanes", lane)).get("residentModel") == model and s.get("loaded") == loaded
+            (s := world.cluster_status("gpulanes", lane)).get("residentModel") == model
+            and s.get("loaded") == loaded
+            and s.get("ready") is True
         ),
         timeout=30,
         what=f"lane {lane}'s status serving {model} with {loaded} held",

@@ -10,7 +10,11 @@ from typing import Any
 
 from aiohttp.test_utils import TestServer
 
-from .test_operator_controller import NS, World
+from gpulane.operator.controller import Controller
+from gpulane.operator.rebuild import rebuild
+from gpulane.operator.settings import Settings
+
+from .test_operator_controller import NS, SYSTEM, World
 from .test_server_clients import Router
 
 
@@ -78,3 +82,53 @@ def test_a_model_the_server_cannot_load_fails_its_job_with_the_reason() -> None:
     assert (status.get("phase"), status.get("reason")) == ("Failed", "ModelLoadFailed"), status
     assert "exited with code 1" in status["message"]
     assert NS  # the jobs live in the fake's namespace
+
+
+def test_a_restarted_operator_knows_what_the_server_holds_from_the_lanes_status() -> None:
+    """The operator restarts, the server does not: the lane's status (its own last write, for this pod) says
+    beta serves with alpha held, so a job for alpha starts with no load asked of the server."""
+    router = Router(["alpha", "beta", "gamma", "delta"])
+
+    async def scenario() -> None:
+        w, server = await router_world(router)
+        try:
+            for name, model in (("j1", "alpha"), ("j2", "beta")):
+                assert (await run(w, name, model)).get("phase") == "Running"
+            await w.ctl.status.flush()
+            lane = w.kube.objects["gpulanes/gpu-0"]["status"]
+            assert (lane["residentModel"], lane["loaded"], lane["ready"]) == ("beta", ["alpha"], True)
+            w.ctl = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # the new process
+            await rebuild(w.ctl)
+            state = w.ctl.dispatcher.lane_state("gpu-0")
+            assert state is not None and (state.resident, state.loaded) == ("beta", frozenset({"alpha"}))
+            asked = len(router.asked)
+            status = await run(w, "j3", "alpha")
+            assert status.get("phase") == "Running" and status["score"]["affinity"] > 0, status
+            assert router.asked[asked:] == []  # held: nothing to load
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lane_status_of_another_pod_or_while_loading_is_not_taken() -> None:
+    """What the status says is taken only for the pod that is there, and only as Ready: a server replaced
+    meanwhile, or caught in a load, holds nothing the core may count on."""
+    router = Router(["alpha", "beta", "gamma", "delta"])
+
+    async def scenario() -> None:
+        w, server = await router_world(router)
+        try:
+            assert (await run(w, "j1", "alpha")).get("phase") == "Running"
+            await w.ctl.status.flush()
+            lane = w.kube.objects["gpulanes/gpu-0"]
+            for stale in ({"pod": "gpulane-gpu-0-old"}, {"ready": False}):
+                w.kube.objects["gpulanes/gpu-0"] = {**lane, "status": {**lane["status"], **stale}}
+                fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
+                await rebuild(fresh)
+                state = fresh.dispatcher.lane_state("gpu-0")
+                assert state is not None and (state.resident, state.loaded) == ("llama", frozenset()), stale
+        finally:
+            await server.close()
+
+    asyncio.run(scenario())
