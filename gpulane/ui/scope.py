@@ -8,6 +8,7 @@ computed from what ``visible`` returns, never from the store itself, so no view 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpulane.api.contract import Body
@@ -75,10 +76,12 @@ def hidden_lane(lane: Body, viewer: Viewer) -> Body:
     return {**lane, "status": status}
 
 
-def visible(viewer: Viewer, jobs: list[Body], lanes: list[Body], chains: list[Body]) -> tuple[list[Body], ...]:
-    """The jobs, lanes and chains as ``viewer`` may see them: hidden jobs as anonymous load, other namespaces'
-    chains left out."""
-    shown_jobs = [job if viewer.sees(job) else hidden_job(job) for job in jobs]
+def visible(
+    viewer: Viewer, jobs: list[Body], lanes: list[Body], chains: list[Body], hide: Callable[[Body], Body] = hidden_job
+) -> tuple[list[Body], ...]:
+    """The jobs, lanes and chains as ``viewer`` may see them: hidden jobs as anonymous load (``hide``: the same for
+    every viewer, so a caller may keep its copies), other namespaces' chains left out."""
+    shown_jobs = [job if viewer.sees(job) else hide(job) for job in jobs]
     shown_lanes = [hidden_lane(lane, viewer) for lane in lanes]
     shown_chains = [c for c in chains if viewer.sees_namespace(c["metadata"].get("namespace", ""))]
     if viewer.members is not None:  # a chain has one member; a key sees its own

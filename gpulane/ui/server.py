@@ -27,7 +27,7 @@ from gpulane.core.policy import Policy
 from gpulane.explain import report
 from gpulane.ui import views
 from gpulane.ui.auth import SESSION_SECONDS, LoginFailed, Sessions
-from gpulane.ui.scope import Viewer, visible
+from gpulane.ui.scope import Viewer, hidden_job, visible
 from gpulane.ui.store import Store
 
 COOKIE = "gpulane_ui"
@@ -58,6 +58,7 @@ class Views:
         # Per scope: the store's version it was cut at, and the cut (pages of one scope share it).
         self._visible: dict[tuple[Any, ...], tuple[int, tuple[list[Body], ...]]] = {}
         self._namespaces: tuple[int, set[str]] = (-1, set())
+        self._hidden: dict[int, tuple[Body, Body]] = {}  # id(job) -> (the job, its anonymous copy)
 
     def namespaces(self) -> set[str]:
         """The namespaces that hold jobs or chains now (a Kubernetes user's are asked about these)."""
@@ -79,9 +80,18 @@ class Views:
         if cached is None or cached[0] != version:
             if cached is None and len(self._visible) >= SCOPES_KEPT:
                 self._visible.clear()  # scopes of sessions long gone
-            objects = (self.store.items(p) for p in ("gpujobs", "gpulanes", "gpuchains"))
-            cached = self._visible[scope] = (version, visible(viewer, *objects))
+            jobs, lanes, chains = (self.store.items(p) for p in ("gpujobs", "gpulanes", "gpuchains"))
+            cached = self._visible[scope] = (version, visible(viewer, jobs, lanes, chains, hide=self._hide))
         return cached[1]
+
+    def _hide(self, job: Body) -> Body:
+        """A job's anonymous copy, made once per version of the job (the store replaces a changed job's dict)."""
+        kept = self._hidden.get(id(job))
+        if kept is None or kept[0] is not job:
+            if len(self._hidden) > 2 * len(self.store.kinds["gpujobs"].objects) + 1000:
+                self._hidden = {}  # copies of jobs long gone
+            kept = self._hidden[id(job)] = (job, hidden_job(job))
+        return kept[1]
 
     def compute(self, view: str, viewer: Viewer, query: dict[str, str]) -> Body:
         now = self.clock()

@@ -135,3 +135,15 @@ def test_usage_counts_hidden_jobs_as_one_nameless_team() -> None:
     assert (team_a["team"], [m["member"] for m in team_a["members"]]) == ("team-a", ["team-a", "alice"])
     assert team_a["gpuSeconds"] == 190 + 100 + 200  # each film step from its dispatch (its load included)
     assert (others["team"], others["members"]) == (None, [])  # team-b, unnamed
+
+
+def test_a_hidden_jobs_change_shows_though_its_anonymous_copy_is_kept() -> None:
+    s = store()
+    views_ = Views(s, clock=lambda: NOW)
+    first = views_.compute("queue", ALICE, {})["data"]["waiting"]
+    assert [(r["position"], r["job"]) for r in first] == [(1, None), (2, "team-a/chat")]
+    secret = s.get("gpujobs", "team-b", "secret-plan")
+    assert secret is not None
+    s.deliver("gpujobs", "MODIFIED", {**secret, "status": {**secret["status"], "position": 3}})
+    again = views_.compute("queue", ALICE, {})["data"]["waiting"]
+    assert [(r["position"], r["job"]) for r in again] == [(2, "team-a/chat"), (3, None)]
