@@ -177,6 +177,9 @@ class DispatchRecord(CamelModel):
     tier: str
     score: ScoreTerms
     changed_by: dict[str, str] | None = None  # term -> the job that would have won without it
+    # Once its load is done: how long it took, and whether the lane's server switched to the model (no new pod).
+    load_seconds: float | None = Field(default=None, ge=0)
+    switch: bool | None = None
 
 
 class Story(CamelModel):

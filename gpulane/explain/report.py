@@ -182,9 +182,11 @@ def lanes(lane_objs: list[Body], jobs: list[Body], now: float, window: float = 3
             start = max(parse_time(js.get("startedAt")) or now, now - window)
             end = parse_time(js.get("finishedAt")) or now
             busy += max(0.0, end - start)
+        loads = [r for r in history if r.get("loadSeconds") is not None]
         out.append(
             {
                 "lane": name,
+                "lastLoad": None if not loads else {k: loads[-1].get(k) for k in ("model", "loadSeconds", "switch")},
                 "resident": status.get("residentModel"),
                 "loaded": status.get("loaded") or [],
                 "ready": bool(status.get("ready")),
@@ -209,6 +211,7 @@ def render_lanes(rows: list[Body]) -> str:
             "QUEUE BY BAND",
             "DISPATCHES/1H",
             "SWAPS/1H",
+            "LAST LOAD",
             "BUSY/1H",
         ],
         (
@@ -224,11 +227,28 @@ def render_lanes(rows: list[Body]) -> str:
                 or "-",
                 r["dispatches"],
                 r["swaps"],
+                _last_load(r.get("lastLoad")),
                 f"{r['utilisation']:.0%}",
             ]
             for r in rows
         ),
     )
+
+
+def _last_load(load: Body | None) -> str:
+    """``beta 0.14s (switch)``: a lane's latest load, and whether its server switched (no new pod)."""
+    if not load:
+        return "-"
+    return f"{load['model']} {load['loadSeconds']:.2f}s ({'switch' if load.get('switch') else 'new pod'})"
+
+
+def _load_of(key: str, lane: str | None, lane_objs: list[Body]) -> Body | None:
+    """The job's own dispatch record on its lane, once its load is done (what it cost, and how)."""
+    for obj in lane_objs:
+        if obj["metadata"]["name"] == lane:
+            records = (obj.get("status") or {}).get("history") or []
+            return next((r for r in records if r.get("job") == key and r.get("loadSeconds") is not None), None)
+    return None
 
 
 def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[str]:
@@ -305,6 +325,10 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
     load = (story or {}).get("load")
     if started is not None and load:
         lines.append(f"Its model {model} had to load first: {duration(started - dispatched)} until it started.")
+        record = _load_of(key, status.get("lane"), lane_objs)
+        if record is not None:
+            how = "its lane's server switched to it, with no new pod" if record.get("switch") else "in a new pod"
+            lines.append(f"The load took {record['loadSeconds']:.2f}s, {how}.")
     elif started is not None:
         lines.append(f"Its model {model} was already loaded; it started at {clock(started)}.")
     if phase in ("Succeeded", "Failed", "Cancelled"):

@@ -112,9 +112,8 @@ class Controller:
             self.tick()
 
     def tick(self) -> None:
-        """One pass: active jobs past a deadline end (``deadlines``), waiting jobs past their queue deadline
-        expire and idle models unload (``effects``), finished jobs past their TTL go (``retention``), and every
-        lane looks again."""
+        """One pass: active jobs past a deadline end (``deadlines``), waiting ones past theirs expire and idle
+        models unload (``effects``), finished jobs past their TTL go (``retention``); every lane looks again."""
         now = self.clock()
         for view in self.jobs:
             if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
@@ -319,6 +318,7 @@ class Controller:
         self.apply(ModelLoaded(lane, model, seconds, in_server))
         if seconds is not None:
             self.metrics.model_load.observe(seconds)
+            self.history.loaded(lane, model, seconds, in_server)
             self._learn(model, "switch" if in_server else "load")
         self.status.lane_dirty(lane)
 

@@ -34,6 +34,14 @@ class DispatchHistory:
         self._lane(decision.lane).append((decision.at, dispatch_record(decision)))
         self._times.append(decision.at)
 
+    def loaded(self, lane: str, model: str, seconds: float, switch: bool) -> None:
+        """The lane's latest dispatch that loads ``model`` says what its load cost, once it is done."""
+        for _at, record in reversed(self._lanes.get(lane, ())):
+            if record["model"] == model and record["load"]:
+                if record.get("loadSeconds") is None:
+                    record["loadSeconds"], record["switch"] = round(seconds, 3), switch
+                return
+
     def forget(self, lane: str) -> None:
         self._lanes.pop(lane, None)
 

@@ -137,3 +137,19 @@ def test_why_says_a_lanes_server_holds_the_waiting_jobs_model():
     lane = {"metadata": {"name": "gpu-0"}, "status": {"residentModel": "qwen", "loaded": ["m"]}}
     text = "\n".join(why(gpujob("waiting", position=1), [lane], Policy(), T0 + 60))
     assert "Lane gpu-0's server holds its model beside qwen: it starts there with no load." in text
+
+
+def test_lanes_and_why_say_what_a_load_cost_and_whether_the_server_switched():
+    switched = {**record("ns/done", T0 + 10, load=True), "loadSeconds": 0.14, "switch": True}
+    lane = {"metadata": {"name": "gpu-0"}, "status": {"residentModel": "m", "history": [
+        {**record("ns/old", T0 - 60, load=True), "loadSeconds": 4.0, "switch": False}, switched]}}  # fmt: skip
+    [row] = lanes([lane], [], T0 + 20)
+    assert row["lastLoad"] == {"model": "m", "loadSeconds": 0.14, "switch": True}
+    assert "m 0.14s (switch)" in render_lanes([row]) and "LAST LOAD" in render_lanes([row]).splitlines()[0]
+    job = gpujob("done", phase="Succeeded", lane="gpu-0", dispatchedAt=format_time(T0 + 10),
+                 startedAt=format_time(T0 + 11), finishedAt=format_time(T0 + 100),
+                 story={"queuedAt": format_time(T0), "ranAheadTotal": 0, "load": True, "ranAhead": []})  # fmt: skip
+    text = "\n".join(why(job, [lane], Policy(), T0 + 200))
+    assert "The load took 0.14s, its lane's server switched to it, with no new pod." in text
+    lane["status"]["history"][1]["switch"] = False  # type: ignore[index]
+    assert "The load took 0.14s, in a new pod." in "\n".join(why(job, [lane], Policy(), T0 + 200))

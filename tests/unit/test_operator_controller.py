@@ -577,6 +577,9 @@ def test_cold_lane_creates_the_pod_then_runs_the_job_when_ready():
         assert learned["loads"] == 1
         assert "loadSeconds" in learned and "runSeconds" in learned
         assert w.kube.get("gpumodels/m")["status"]["loads"] == 1
+        # The lane's history says what this dispatch's load cost: a new pod's 42 s.
+        (record,) = w.kube.get("gpulanes/gpu-0")["status"]["history"]
+        assert (record["loadSeconds"], record["switch"]) == (42.0, False)
 
     asyncio.run(scenario())
 

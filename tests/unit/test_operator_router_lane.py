@@ -59,6 +59,12 @@ def test_the_lane_switches_models_inside_its_server_and_unloads_what_the_core_ev
             assert learned["beta"]["switches"] == 1 and learned["beta"]["switchSeconds"] >= 0, (learned, router.asked)
             state = w.ctl.dispatcher.lane_state("gpu-0")
             assert state is not None and (state.resident, state.loaded) == ("gamma", frozenset({"alpha"}))
+            # The lane's status says what each load cost: the server switched, with no new pod; j3 loaded nothing.
+            await w.ctl.status.flush()
+            history = {r["job"]: r for r in w.kube.objects["gpulanes/gpu-0"]["status"]["history"]}
+            loads = {j: (r["load"], r.get("switch"), r.get("loadSeconds") is not None) for j, r in history.items()}
+            assert loads == {f"{NS}/j1": (True, True, True), f"{NS}/j2": (True, True, True),
+                             f"{NS}/j3": (False, None, False), f"{NS}/j4": (True, True, True)}  # fmt: skip
         finally:
             await server.close()
 

@@ -90,7 +90,9 @@ function laneCard(lane) {
       h("div", {}, h("h4", {}, "Next"), next.length ? next : h("span", { class: "muted" }, "nothing waits here")),
       h("div", {}, h("h4", {}, "Last hour"),
         h("div", {}, `${lane.dispatches} dispatches, ${lane.swaps} model loads`),
-        h("div", {}, `busy ${Math.round(lane.utilisation * 100)}%`))),
+        h("div", {}, `busy ${Math.round(lane.utilisation * 100)}%`),
+        lane.lastLoad && h("div", { class: "muted" }, `last load: ${lane.lastLoad.model} in ` +
+          `${lane.lastLoad.loadSeconds.toFixed(2)}s (${lane.lastLoad.switch ? "its server switched" : "a new pod"})`))),
     timeline(lane));
 }
 
