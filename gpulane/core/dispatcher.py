@@ -361,8 +361,11 @@ class Dispatcher:
         elif loaded is not None and loaded != lane.loaded.keys():
             now = self.clock()
             lane.loaded = {model: lane.loaded.get(model, now) for model in loaded - {resident}}
-        held = [self.models.get(m).server for m in (resident, *lane.loaded) if m is not None]
-        lane.server = held[0] if held else None
+        # The lane's server: the one its models belong to, or the resident itself when that is a server (its pod
+        # up with no model known to serve, after a restart or a failed load).
+        held = [self.models.get(m).server or (m if self.models.of_server(m) else None) for m in (resident, *lane.loaded)
+                if m is not None]  # fmt: skip
+        lane.server = next((s for s in held if s is not None), None)
         self._evict_if_idle(lane)  # a model found loaded with no job (a rebuild): its idle time starts now
 
     def _lose_load(self, lane_id: str) -> None:

@@ -93,11 +93,9 @@ class Controller:
 
     def start(self) -> None:
         found = self.metrics.resync_deletions.labels
-        sync = resync.run(self, self.settings.resync_seconds, lambda kind: found(kind).inc(), self._synced)
+        sync = resync.run(self, self.settings.resync_seconds, lambda kind: found(kind).inc(),
+                          lambda: setattr(self, "synced", True))  # fmt: skip
         self._loops = [asyncio.create_task(loop) for loop in (self._tick(), self.status.run(), sync)]
-
-    def _synced(self) -> None:
-        self.synced = True
 
     async def stop(self) -> None:
         for task in [*self._loops, *self._tasks]:
@@ -303,12 +301,14 @@ class Controller:
 
     # -- lanes' backends ------------------------------------------------------------------------
 
-    def backend_failed(self, lane: str, reason: str, message: str, *, lost: bool = False) -> None:
-        """The lane's backend cannot serve: fail its jobs and forget the resident model. A ``lost`` pod
-        (deleted, evicted, crashed) says nothing of its model: the jobs that waited for its load wait again."""
+    def backend_failed(
+        self, lane: str, reason: str, message: str, *, lost: bool = False, serving: str | None = None
+    ) -> None:
+        """The lane's backend cannot serve: fail its jobs and forget the resident model (a server that failed a
+        load goes on ``serving`` itself). A ``lost`` pod says nothing of its model: its jobs wait again."""
         log.warning("lane %s: %s: %s", lane, reason, message)
         held = [(view, view.decision) for view in self.jobs.on_lane(lane)]
-        self.apply(LoadLost(lane) if lost else LaneUpdated(lane, online=self.lanes[lane].online, resident=None))
+        self.apply(LoadLost(lane) if lost else LaneUpdated(lane, online=self.lanes[lane].online, resident=serving))
         for view, decision in held:
             if self.jobs.holds(view) and view.decision is decision:  # not requeued (and dispatched afresh)
                 self.spawn(self.end_job(view, "Failed", reason, message))

@@ -307,6 +307,14 @@ def test_a_router_lane_switches_models_without_a_new_pod_and_evicts_what_does_no
     )
     assert learned["switchSeconds"] > 0, learned
 
+    # Each load's cost is on the lane's status: beta's was a switch by the server, with no new pod.
+    history = world.cluster_status("gpulanes", real.lane)["history"]
+    [beta] = [r for r in history if r["model"] == held["beta"] and r["load"]]
+    assert beta["switch"] is True and beta["loadSeconds"] > 0, beta
+
     world.job("corrupt", held["broken"])
     failed = world.wait_phase("corrupt", "Failed", timeout=90)
     assert failed["reason"] == "ModelLoadFailed", failed
+    ask("alpha")  # the server goes on: what it held still answers, in the same pod
+    [pod] = world.backend_pods(real.lane)
+    assert pod.metadata.uid == first_pod, "a failed load left the server in place"

@@ -244,3 +244,15 @@ def test_a_lane_whose_pod_is_gone_or_idled_out_holds_nothing_any_more():
     assert state is not None and (state.resident, state.loaded) == (None, frozenset())
     after = run(d, clock, "j3", "a")
     assert (after.load, after.in_server) == (True, False)  # a new pod, which loads it
+
+
+def test_a_lane_whose_server_serves_no_known_model_still_switches_inside_it() -> None:
+    """After a restart or a failed load the lane's resident is the server itself (its pod is up, holding a):
+    a job for a model of that server is a switch inside it, not a new pod in place of the server."""
+    d, clock = dispatcher(lanes={}, models=[*router_models(), ModelSpec(LLAMA, load_seconds=5)])
+    d.handle(LaneMemory("gpu-0", 10_000))
+    d.handle(LaneUpdated("gpu-0", resident=LLAMA, loaded=frozenset({"a"})))
+    held = run(d, clock, "j1", "a")
+    assert (held.load, held.replaces) == (False, None)  # a is held: no load at all
+    switch = run(d, clock, "j2", "b")
+    assert (switch.load, switch.in_server, switch.replaces) == (True, True, None)

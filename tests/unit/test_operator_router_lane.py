@@ -73,14 +73,23 @@ def test_the_lane_switches_models_inside_its_server_and_unloads_what_the_core_ev
     assert router.asked == [("load", "alpha"), ("load", "beta"), ("unload", "beta"), ("load", "gamma")]
 
 
-def test_a_model_the_server_cannot_load_fails_its_job_with_the_reason() -> None:
+def test_a_model_the_server_cannot_load_fails_its_job_and_the_server_goes_on() -> None:
+    """The server's load of delta fails: delta's job fails with the server's words, and the server, still holding
+    alpha, keeps serving: no new pod, and alpha's next job loads nothing."""
     router = Router(["alpha", "delta"], broken=frozenset({"delta"}))
 
     async def scenario() -> dict[str, Any]:
         w, server = await router_world(router)
         try:
+            assert (await run(w, "first", "alpha")).get("phase") == "Running"
             await run(w, "bad", "delta")
-            return w.kube.job("bad").get("status") or {}
+            status = w.kube.job("bad").get("status") or {}
+            state = w.ctl.dispatcher.lane_state("gpu-0")
+            assert state is not None and (state.resident, state.loaded) == ("llama", frozenset({"alpha"}))
+            asked = len(router.asked)
+            assert (await run(w, "again", "alpha")).get("phase") == "Running"
+            assert router.asked[asked:] == [] and not w.kube.calls_of("delete_pod")
+            return status
         finally:
             await server.close()
 
