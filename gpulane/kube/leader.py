@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kubernetes.aio import client
 from kubernetes.aio.client.api_client import ApiClient
@@ -43,6 +44,9 @@ from kubernetes.aio.leaderelection.electionconfig import Config
 from kubernetes.aio.leaderelection.leaderelection import LeaderElection
 from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.aio.leaderelection.resourcelock.leaselock import LeaseLock
+
+if TYPE_CHECKING:
+    from gpulane.kube.client import Kube
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +213,59 @@ async def campaign(
         task.result()  # the election ended without leading: its error, if any
         raise RuntimeError("the leader election ended before this replica led")
     return task
+
+
+@dataclass(frozen=True, slots=True)
+class Election:
+    """Where and as whom this replica campaigns."""
+
+    namespace: str
+    identity: str
+    timing: Timing
+
+
+class Leadership:
+    """This replica's leadership, with one owner: the fence on its client's writes, the campaign, whether it leads
+    now, and giving the Lease up when it stops. Without an election it leads from the start."""
+
+    def __init__(self, election: Election | None, lease: str = LEASE_NAME) -> None:
+        self.election, self.lease = election, lease
+        self.leading = election is None
+        self._renewing: asyncio.Task[None] | None = None
+
+    @property
+    def standing_by(self) -> bool:
+        return not self.leading
+
+    async def win(self, kube: Kube, on_change: Callable[[bool], None]) -> None:
+        """Return once this replica leads; ``kube``'s writes are fenced by the Lease from now on. ``on_change``
+        hears each change (True: it leads; False: it lost the Lease and must stop). A second call while
+        campaigning or leading returns at once (kopf retries a failed startup)."""
+        if self.election is None:
+            on_change(True)
+            return
+        if self._renewing is not None:
+            return
+        election, fence = self.election, Fence()
+        kube.fence, kube.write_timeout = fence.open, election.timing.write_timeout
+
+        def changed(leads: bool) -> None:
+            self.leading = leads
+            on_change(leads)
+
+        log.info("standing by for the Lease %s/%s as %s", election.namespace, self.lease, election.identity)
+        self._renewing = await campaign(kube.api, election.namespace, election.identity, election.timing, fence,
+                                        lambda: changed(True), lambda: changed(False), self.lease)  # fmt: skip
+
+    async def stop(self) -> None:
+        """Stop renewing (the fence closes: no write of ours starts from here). Call it before the work that
+        writes stops, and ``release`` once it has."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+            await asyncio.gather(self._renewing, return_exceptions=True)
+
+    async def release(self, api: ApiClient) -> None:
+        """Told to stop while leading: give the Lease up, so that a standby need not wait out its duration."""
+        if self.election is not None and self.leading:
+            election = self.election
+            await release(api, election.namespace, election.identity, election.timing, self.lease)

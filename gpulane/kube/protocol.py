@@ -2,7 +2,7 @@
 implements them, and so do the tests' in-memory fakes, which the type checker holds to them (``make lint`` checks
 ``tests/unit/typed_fakes.py``).
 Leader election's plumbing (the API client, the write fence) stays on the concrete ``Kube``: only
-``handlers.py``, which composes the operator, touches it."""
+``assembly.py``, which composes the operator, touches it (through ``kube/leader.Leadership``)."""
 
 from __future__ import annotations
 

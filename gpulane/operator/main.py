@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import importlib
 import logging
 import os
 import socket
 import uuid
-from typing import Any
 
 import kopf
 import uvloop
 
 from gpulane.admission.main import add_serving_arguments, serving_options
 from gpulane.api.shards import Shard
-from gpulane.kube.leader import Timing
+from gpulane.kube.leader import Election, Leadership, Timing
+from gpulane.operator.assembly import Operator
 from gpulane.operator.settings import Settings
 
 
@@ -113,24 +112,18 @@ def run(args: argparse.Namespace) -> int:
     if webhook is not None:
         importlib.import_module("gpulane.admission.webhook")  # and the admission handlers
 
-    settings = dataclasses.asdict(Settings())
-    settings.update(
+    settings = Settings(
+        namespace=args.namespace,
         exact_positions=args.exact_positions,
         status_writes_per_second=args.status_writes_per_second,
         resync_seconds=args.resync_seconds,
         unload_namespace=args.unload_namespace,
         shard=args.shard,
     )
-    settings["namespace"] = args.namespace
-    memo = kopf.Memo(
-        election=_election(args),
-        namespace=args.namespace,
-        kubeconfig=args.kubeconfig,
-        host=args.host,
-        port=args.port,
-        settings=settings,
-        webhook=webhook,
-    )
+    # The one place the operator is composed; kopf's startup starts it (gpulane/operator/assembly.py).
+    leadership = Leadership(_election(args), Shard(args.shard).lease)
+    operator = Operator(settings, leadership, args.host, args.port)
+    memo = kopf.Memo(operator=operator, kubeconfig=args.kubeconfig, webhook=webhook)
     tune_gc()
     uvloop.run(kopf.operator(clusterwide=True, standalone=True, memo=memo))
     return 0
@@ -150,7 +143,7 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-def _election(args: argparse.Namespace) -> dict[str, Any] | None:
+def _election(args: argparse.Namespace) -> Election | None:
     if not args.leader_elect:
         return None
     timing = Timing(args.leader_elect_lease_seconds, args.leader_elect_renew_deadline_seconds,
@@ -160,4 +153,4 @@ def _election(args: argparse.Namespace) -> dict[str, Any] | None:
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     identity = f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-    return {"namespace": args.leader_elect_namespace or args.namespace, "identity": identity, "timing": timing}
+    return Election(args.leader_elect_namespace or args.namespace, identity, timing)
