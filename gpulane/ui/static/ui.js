@@ -231,6 +231,7 @@ function route() {
   const hash = location.hash.slice(1) || "lanes";
   if (hash.startsWith("job/")) return { view: "job", query: new URLSearchParams({ job: hash.slice(4) }) };
   const [view, search] = hash.split("?");
+  if (!["lanes", "queue", "chains", "usage"].includes(view)) return { view: "lanes", query: new URLSearchParams() };
   return { view, query: new URLSearchParams(search || "") };
 }
 
