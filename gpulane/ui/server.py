@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 from collections import Counter
@@ -36,6 +37,7 @@ HEARTBEAT_SECONDS = 15.0
 VIEWS = ("lanes", "queue", "chains", "job", "usage")
 SCOPES_KEPT = 64  # the viewers' cuts of the store kept at once
 FAILED_LOGINS_PER_MINUTE = 10  # from one address: keys and tokens are not guessed, but nobody may try
+FAILED_CLIENTS_KEPT = 10_000
 STREAMS_PER_SESSION = 8  # each open page costs a view's computation per change
 ASSETS = {"ui.js": "text/javascript", "ui.css": "text/css", "index.html": "text/html"}
 # The page loads only its own assets: no inline script, no other origin, not inside another site's frame.
@@ -204,6 +206,8 @@ class Server:
         try:
             sid, viewer = await self.sessions.login(secret)
         except LoginFailed as err:
+            if len(self._failed) > FAILED_CLIENTS_KEPT:  # addresses whose last failure is a minute old go
+                self._failed = {c: t for c, t in self._failed.items() if t[-1] > self.clock() - 60}
             self._failed[client] = [*failed, self.clock()]
             return _error(401, str(err))
         response = web.json_response({"viewer": viewer.name})
@@ -236,7 +240,8 @@ class Server:
         view, query = _query(request)
         if await self._viewer(request) is None:
             return _error(401, "log in first")
-        holder = request.cookies.get(COOKIE) or request.remote or "-"
+        cookie = request.cookies.get(COOKIE)  # kept by digest, as the sessions are
+        holder = hashlib.sha256(cookie.encode()).hexdigest() if cookie else request.remote or "-"
         if self._streams[holder] >= STREAMS_PER_SESSION:
             return _error(429, f"{STREAMS_PER_SESSION} pages of this session are open already: close one")
         response = web.StreamResponse(headers={**HEADERS, "Content-Type": "text/event-stream",

@@ -325,3 +325,20 @@ def test_a_page_that_goes_away_ends_its_stream_quietly(tmp_path: Path, caplog: p
     with caplog.at_level("ERROR", logger="aiohttp.server"):
         serve(tmp_path, scenario)
     assert not [r for r in caplog.records if r.name == "aiohttp.server"], caplog.text
+
+
+def test_failed_logins_of_long_ago_are_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failures kept per address do not grow without end: past FAILED_CLIENTS_KEPT addresses, those whose
+    last failure is a minute old go."""
+    monkeypatch.setattr(server, "FAILED_CLIENTS_KEPT", 2)
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    ui = Server(filled(), Sessions(Reviews(), KeyRing.load(tmp_path / "keys.yaml"), "team-a", False),
+                clock=lambda: NOW)  # fmt: skip
+    ui._failed = {"10.0.0.1": [NOW - 120], "10.0.0.2": [NOW - 90], "10.0.0.3": [NOW - 5]}
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(ui.app())) as http:
+            assert (await login(http, "sk-wrong-guess"))[0] == 401
+
+    asyncio.run(scenario())
+    assert set(ui._failed) == {"10.0.0.3", "127.0.0.1"}
