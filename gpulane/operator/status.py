@@ -55,6 +55,10 @@ REFRESH_SECONDS = 10.0
 # Later rewrites are refreshes: few at once, so that they do not crowd a dispatch's Running write.
 FIRST_WRITES = 32
 REFRESH_WRITES = 4
+# While jobs wait for a first position, positions that moved are rewritten at most this often: in a burst each
+# pass moved the head's exact positions again, and rewriting them every pass took a seventh of the writes
+# (16,005 of 116,005 at 100,000 jobs) from the apiserver that the first positions and the creations share.
+REFRESH_DEFER_SECONDS = 10.0
 DISPATCH_POLL_SECONDS = 0.005
 # The forecast gives the event loop its turn this often, and takes at most this share of the loop's time.
 FORECAST_SLICE_SECONDS = 0.003
@@ -117,6 +121,7 @@ class StatusWriter:
         self._last_pass = -math.inf
         self.monotonic = time.monotonic  # the passes' spacing (a test's own clock)
         self._began = self.monotonic()  # when the last pass began
+        self._refreshed = -math.inf  # when the last pass that rewrote moved positions began
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
@@ -182,6 +187,9 @@ class StatusWriter:
             # goes before one whose position moved (refreshes wait for a pass with budget left).
             full = self._full_due()
             writes = sorted(await self._queue_writes(now, full), key=lambda w: w[0].written is not None)
+            firsts = sum(1 for w in writes if w[0].written is None)
+            if 0 < firsts < len(writes) and began - self._refreshed < REFRESH_DEFER_SECONDS:
+                writes, self.dirty = writes[:firsts], True  # the refreshes once the burst is written, or later
             cost = 0
             for i, (view, _, status, _) in enumerate(writes):
                 # A job near the head also gets its finalizer: a second write.
@@ -191,6 +199,8 @@ class StatusWriter:
                     self._reordered = self._reordered or full
                     writes = writes[:i]
                     break
+            if len(writes) > firsts:
+                self._refreshed = began
         first, refresh = asyncio.Semaphore(FIRST_WRITES), asyncio.Semaphore(REFRESH_WRITES)
 
         async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:

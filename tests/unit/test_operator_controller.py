@@ -1554,6 +1554,40 @@ def test_a_burst_of_first_positions_goes_before_refreshes():
     asyncio.run(scenario())
 
 
+def test_while_jobs_keep_arriving_moved_positions_are_rewritten_now_and_then():
+    """Arrivals that never stop would hold the refreshes back for good: they wait REFRESH_DEFER_SECONDS at most,
+    then go out beside the first positions (in a burst, once per that time rather than every pass)."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=1000))
+        clock = [1000.0]
+        w.ctl.status.monotonic = lambda: clock[0]
+        await w.warm("run")
+        for i in range(5):
+            w.submit(f"a{i}", created=T0 + 1 + i)
+        await w.ctl.status.flush()
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/a0"))  # a1..a4 move up one place
+        w.submit("first-burst", created=T0 + 50)
+        mark = len(w.kube.calls)
+        await w.ctl.status.flush()  # the first refresh goes out at once
+        assert {n for n, _ in statuses(w.kube, mark)} == {"first-burst", "a1", "a2", "a3", "a4"}
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/a1"))  # a2..a4 move up again
+        written = []
+        for second in range(1, 13):
+            clock[0] += 1
+            w.submit(f"b{second:02d}", created=T0 + 100 + second)
+            mark = len(w.kube.calls)
+            await w.ctl.status.flush()
+            names = [n for n, _ in statuses(w.kube, mark)]
+            assert f"b{second:02d}" in names  # every arrival's first position at once
+            written.append(sorted(n for n in names if n.startswith("a")))
+        # Held back while arrivals pend, then written once, REFRESH_DEFER_SECONDS after the last refresh.
+        assert written.count(["a2", "a3", "a4"]) == 1, written
+        assert written.index(["a2", "a3", "a4"]) + 1 == status_module.REFRESH_DEFER_SECONDS, written
+
+    asyncio.run(scenario())
+
+
 def test_a_pass_after_a_long_pause_may_write_for_all_of_it() -> None:
     """Issue 35: a long queue's passes are spaced (every 16 s at 100,000 pending), but each pass's budget was
     one interval's (500 writes), so positions went out at 30 a second while jobs arrived at 200. A pass's
