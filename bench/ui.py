@@ -32,6 +32,7 @@ from harness import PhaseWatch, bench_world, cpu_seconds, create_jobs, peak_rss_
 from gpulane.core.sim.report import percentile
 from tests.e2e.browser import RECORD_SHOWN, chromium, log_in, shown_at
 from tests.e2e.operator_support import UiProcess
+from tests.e2e.support import wait_until
 
 KEY = "sk-bench-ui-admin"
 
@@ -81,7 +82,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         written = time.time() - (time.monotonic() - at)  # the watch's monotonic time, on the wall
                         dispatches.append(at - t0)
                         running.add(name)
-                        shown = _wait(lambda n=name: shown_at(page, f"{namespace}/{n}"), 30)
+                        shown = wait_until(
+                            lambda n=name: shown_at(page, f"{namespace}/{n}"),
+                            timeout=30,
+                            interval=0.01,
+                            what="the page to show the dispatch",
+                        )
                         delays.append(max(0.0, shown - written))
                     out[view] = {
                         "first_paint_ms_median": round(statistics.median(paints), 1),
@@ -98,16 +104,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             watcher.stop()
             ui.stop()
     return out
-
-
-def _wait(probe: Any, timeout: float) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return float(value)
-        time.sleep(0.01)
-    raise AssertionError("the page never showed the dispatch")
 
 
 def main() -> None:

@@ -141,7 +141,7 @@ def render_queue(rows: dict[str, list[Body]], wide: bool = False) -> str:
             r["job"],
             r.get("member") or "-",
             r["model"],
-            _band_name(r["priority"]),
+            band_name(r["priority"]),
             r["tier"],
             s.get("priority", r["priority"]),
             s.get("tier", "-"),
@@ -162,7 +162,8 @@ def _num(value: object) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) else "-"
 
 
-def _band_name(priority: int) -> str:
+def band_name(priority: int) -> str:
+    """A band's name (``interactive``, ``normal``, ``batch``), else its number."""
     return {100: "interactive", 0: "normal", -100: "batch"}.get(priority, str(priority))
 
 
@@ -222,7 +223,7 @@ def render_lanes(rows: list[Body]) -> str:
                 "yes" if r["ready"] else "no",
                 ", ".join(r["running"]) or "-",
                 ", ".join(
-                    f"{_band_name(int(b))}: {n}" for b, n in sorted(r["queueDepth"].items(), key=lambda x: -int(x[0]))
+                    f"{band_name(int(b))}: {n}" for b, n in sorted(r["queueDepth"].items(), key=lambda x: -int(x[0]))
                 )
                 or "-",
                 r["dispatches"],

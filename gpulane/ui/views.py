@@ -36,16 +36,12 @@ def _shown(key: str) -> str | None:
     return None if key in (HIDDEN, f"{HIDDEN}/{HIDDEN}") else key
 
 
-def band(priority: int) -> str:
-    return {100: "interactive", 0: "normal", -100: "batch"}.get(priority, str(priority))
-
-
 def _rows(jobs: list[Body], models: dict[str, Body], now: float) -> dict[str, list[Body]]:
     rows = report.queue(jobs, models, now)
     for row in rows["running"] + rows["waiting"]:
         row["job"] = _shown(row["job"])
     for row in rows["waiting"]:
-        row["band"] = band(row["priority"])
+        row["band"] = report.band_name(row["priority"])
     return rows
 
 

@@ -118,6 +118,20 @@ class GpulaneProcess:
         return localcluster.tail(self.log_path, lines)
 
 
+class HttpProcess(GpulaneProcess):
+    """A ``gpulane`` server on 127.0.0.1 (``url``), ready once ``ready_path`` answers 200."""
+
+    ready_path = "/readyz"
+
+    def ready(self) -> bool:
+        with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=5) as resp:
+            return bool(resp.status == 200)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 class OperatorProcess(GpulaneProcess):
     """``gpulane operator``; ready once its /readyz answers."""
 
@@ -182,7 +196,7 @@ def tls_ready(port: int, tls: ServingCert) -> bool:
     return True
 
 
-class BridgeProcess(GpulaneProcess):
+class BridgeProcess(HttpProcess):
     """``gpulane bridge`` for one namespace (its calls' jobs, and the kubectl jobs it executes), with a keys
     file and endpoint overrides; ready on /readyz."""
 
@@ -200,20 +214,13 @@ class BridgeProcess(GpulaneProcess):
             "--drain-seconds", "0",  # stop() as before the drain: calls in hand are cancelled at once
         ]  # fmt: skip
 
-    def ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/readyz", timeout=5) as resp:
-            return bool(resp.status == 200)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-class UiProcess(GpulaneProcess):
+class UiProcess(HttpProcess):
     """``gpulane ui``: the web page, with the bridge's keys file for ``namespace``; ready once its first lists are
     done (/healthz)."""
 
     name = "ui"
+    ready_path = "/healthz"
 
     def __init__(self, cluster: Cluster, log_dir: Path, namespace: str, keys_file: Path, *extra: str) -> None:
         super().__init__(cluster, log_dir, *extra)
@@ -223,31 +230,16 @@ class UiProcess(GpulaneProcess):
         return ["ui", "--bridge-namespace", self.namespace, "--keys-file", str(self.keys_file),
                 "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
 
-    def ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/healthz", timeout=5) as resp:
-            return bool(resp.status == 200)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-class FakeBackendProcess(GpulaneProcess):
+class FakeBackendProcess(HttpProcess):
     """``gpulane fake-backend``: an OpenAI-compatible model server on 127.0.0.1, ready when /health is 200."""
 
     name = "fake-backend"
     uses_cluster = False
+    ready_path = "/health"
 
     def argv(self) -> list[str]:
         return ["fake-backend", "--host", "127.0.0.1", "--port", str(self.port)]
-
-    def ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
-            return bool(resp.status == 200)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.url}/stats", timeout=5) as resp:

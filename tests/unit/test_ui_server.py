@@ -14,12 +14,14 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpulane.bridge.keys import KeyRing
-from gpulane.ui import auth, server
+from gpulane.ui import auth
+from gpulane.ui import server as server_module
 from gpulane.ui.auth import UI_AUDIENCE, LoginFailed, Sessions
 from gpulane.ui.server import COOKIE, Server
 from gpulane.ui.store import Store
 
-from .ui_world import NOW, world
+from .helpers import until
+from .ui_world import NOW, filled, world
 
 KEYS = """
 keys:
@@ -47,25 +49,21 @@ class Reviews:
         return "admins" in groups or namespace in groups
 
 
-def filled() -> Store:
-    store = Store()
-    for plural, objs in world().items():
-        for obj in objs:
-            store.deliver(plural, "ADDED", obj)
-        store.in_step(plural, True)
-    return store
+def server(tmp_path: Path, *, anonymous: bool = False, store: Store | None = None,
+           reviews: Reviews | None = None) -> Server:  # fmt: skip
+    """The page's server on ``world()`` (or ``store``), with the keys file and a fake apiserver's reviews."""
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    sessions = Sessions(reviews or Reviews(), KeyRing.load(tmp_path / "keys.yaml"), "team-a", anonymous)
+    return Server(store or filled(), sessions, clock=lambda: NOW)
 
 
 def serve(tmp_path: Path, scenario: Callable[[TestClient, Store, Sessions], Awaitable[None]], *,
-          anonymous: bool = False, store: Store | None = None, reviews: Reviews | None = None) -> None:  # fmt: skip
-    (tmp_path / "keys.yaml").write_text(KEYS)
-    store = store or filled()
-    sessions = Sessions(reviews or Reviews(), KeyRing.load(tmp_path / "keys.yaml"), "team-a", anonymous)
+          ui: Server | None = None, **options: Any) -> None:  # fmt: skip
+    ui = ui or server(tmp_path, **options)
 
     async def run() -> None:
-        app = Server(store, sessions, clock=lambda: NOW).app()
-        async with TestClient(TestServer(app, handler_cancellation=True)) as http:  # as gpulane ui runs it
-            await scenario(http, store, sessions)
+        async with TestClient(TestServer(ui.app(), handler_cancellation=True)) as http:  # as gpulane ui runs it
+            await scenario(http, ui.store, ui.sessions)
 
     asyncio.run(run())
 
@@ -112,7 +110,7 @@ def test_a_login_body_that_is_not_json_is_refused(tmp_path: Path) -> None:
 
 def test_failed_logins_from_one_address_are_slowed(tmp_path: Path) -> None:
     async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
-        for i in range(server.FAILED_LOGINS_PER_MINUTE):
+        for i in range(server_module.FAILED_LOGINS_PER_MINUTE):
             assert (await login(http, f"sk-guess-{i:04d}"))[0] == 401
         answer = await http.post("/api/login", json={"secret": "sk-film-app-key"})  # even a right one, for now
         assert answer.status == 429 and answer.headers["Retry-After"] == "60"
@@ -123,7 +121,7 @@ def test_failed_logins_from_one_address_are_slowed(tmp_path: Path) -> None:
 def test_a_session_opens_a_few_streams_at_most(tmp_path: Path) -> None:
     async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
         await login(http, "alice-token")
-        streams = [await http.get("/api/stream/lanes") for _ in range(server.STREAMS_PER_SESSION)]
+        streams = [await http.get("/api/stream/lanes") for _ in range(server_module.STREAMS_PER_SESSION)]
         for answer in streams:
             assert answer.status == 200
             await asyncio.wait_for(next_event(answer.content), 5)
@@ -311,34 +309,31 @@ def test_a_relist_after_a_broken_watch_drops_what_was_deleted_meanwhile() -> Non
 
 
 def test_a_page_that_goes_away_ends_its_stream_quietly(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ui = server(tmp_path)
+
     async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
         await login(http, "alice-token")
         answer = await http.get("/api/stream/lanes")
         await asyncio.wait_for(next_event(answer.content), 5)
+        assert ui._streams, "the stream is counted while its page is open"
         answer.close()  # the browser moved to another view
-        await asyncio.sleep(0.05)
-        for _ in range(3):  # the next changes find the connection gone
-            store.deliver("gpujobs", "DELETED", world()["gpujobs"][0])
-            store.deliver("gpujobs", "ADDED", world()["gpujobs"][0])
-            await asyncio.sleep(0.2)
+        await until(lambda: not ui._streams, "the stream's handler to end")  # its slot freed, with no write
+        store.deliver("gpujobs", "MODIFIED", world()["gpujobs"][0])  # nobody left to write it to
 
     with caplog.at_level("ERROR", logger="aiohttp.server"):
-        serve(tmp_path, scenario)
+        serve(tmp_path, scenario, ui=ui)
     assert not [r for r in caplog.records if r.name == "aiohttp.server"], caplog.text
 
 
 def test_failed_logins_of_long_ago_are_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The failures kept per address do not grow without end: past FAILED_CLIENTS_KEPT addresses, those whose
     last failure is a minute old go."""
-    monkeypatch.setattr(server, "FAILED_CLIENTS_KEPT", 2)
-    (tmp_path / "keys.yaml").write_text(KEYS)
-    ui = Server(filled(), Sessions(Reviews(), KeyRing.load(tmp_path / "keys.yaml"), "team-a", False),
-                clock=lambda: NOW)  # fmt: skip
+    monkeypatch.setattr(server_module, "FAILED_CLIENTS_KEPT", 2)
+    ui = server(tmp_path)
     ui._failed = {"10.0.0.1": [NOW - 120], "10.0.0.2": [NOW - 90], "10.0.0.3": [NOW - 5]}
 
-    async def scenario() -> None:
-        async with TestClient(TestServer(ui.app())) as http:
-            assert (await login(http, "sk-wrong-guess"))[0] == 401
+    async def scenario(http: TestClient, store: Store, sessions: Sessions) -> None:
+        assert (await login(http, "sk-wrong-guess"))[0] == 401
 
-    asyncio.run(scenario())
+    serve(tmp_path, scenario, ui=ui)
     assert set(ui._failed) == {"10.0.0.3", "127.0.0.1"}

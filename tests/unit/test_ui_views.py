@@ -10,25 +10,15 @@ import pytest
 from gpulane.ui import views
 from gpulane.ui.scope import Viewer
 from gpulane.ui.server import NotVisible, Views
-from gpulane.ui.store import Store
 
-from .ui_world import NOW, T0, world
+from .ui_world import NOW, T0, filled, world
 
 ALICE = Viewer("user alice", frozenset({"team-a"}))
 EVERYONE = Viewer("user admin", None)
 
 
-def store() -> Store:
-    s = Store()
-    for plural, objs in world().items():
-        for obj in objs:
-            s.deliver(plural, "ADDED", obj)
-        s.in_step(plural, True)
-    return s
-
-
 def compute(view: str, viewer: Viewer, **query: str) -> dict:
-    return Views(store(), clock=lambda: NOW).compute(view, viewer, query)
+    return Views(filled(), clock=lambda: NOW).compute(view, viewer, query)
 
 
 @pytest.mark.parametrize("view", ["lanes", "queue", "chains", "usage"])
@@ -65,7 +55,7 @@ def test_the_queue_filters_by_namespace_model_and_member() -> None:
 
 
 def test_the_queue_shows_its_first_rows_and_counts_the_rest() -> None:
-    s = store()
+    s = filled()
     jobs = s.items("gpujobs")
     queue = views.queue(jobs, {}, NOW, views.QueueFilter(), limit=1)
     assert len(queue["waiting"]) == 1 and queue["total"] == 2
@@ -91,7 +81,7 @@ def test_a_lane_shows_its_node_running_job_next_and_timeline() -> None:
 
 
 def test_a_timeline_keeps_only_its_window() -> None:
-    jobs = store().items("gpujobs")
+    jobs = filled().items("gpujobs")
     assert [s["job"] for s in views.timeline(jobs, "gpu-0", NOW, window=250)] == ["team-a/film-2", "team-a/film-3"]
 
 
@@ -121,7 +111,7 @@ def test_a_hidden_job_is_the_same_as_a_missing_one(key: str) -> None:
 
 def test_a_key_sees_its_own_member_and_its_users() -> None:
     key = Viewer("key app", frozenset({"team-a"}), frozenset({"app"}))
-    s = store()
+    s = filled()
     s.deliver("gpujobs", "ADDED", {**world()["gpujobs"][4], "metadata": {"namespace": "team-a", "name": "mine"},
                                    "spec": {"model": "llama", "member": "app/ann"}})  # fmt: skip
     queue = Views(s, clock=lambda: NOW).compute("queue", key, {})["data"]
@@ -138,7 +128,7 @@ def test_usage_counts_hidden_jobs_as_one_nameless_team() -> None:
 
 
 def test_a_hidden_jobs_change_shows_though_its_anonymous_copy_is_kept() -> None:
-    s = store()
+    s = filled()
     views_ = Views(s, clock=lambda: NOW)
     first = views_.compute("queue", ALICE, {})["data"]["waiting"]
     assert [(r["position"], r["job"]) for r in first] == [(1, None), (2, "team-a/chat")]

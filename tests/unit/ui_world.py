@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpulane.api.times import format_time
+from gpulane.ui.store import Store
 
 T0 = 1_800_000_000.0
 NOW = T0 + 600
@@ -112,3 +113,13 @@ def world() -> dict[str, list[dict[str, Any]]]:
     ]  # fmt: skip
     models = [{"metadata": {"name": "flux"}, "status": {"runSeconds": 120.0}}, {"metadata": {"name": "llama"}}]
     return {"gpujobs": jobs, "gpulanes": lanes, "gpuchains": chains, "gpumodels": models, "gpupolicies": []}
+
+
+def filled() -> Store:
+    """A store that has listed every kind of ``world()``, as the watches would leave it."""
+    store = Store()
+    for plural, objs in world().items():
+        for obj in objs:
+            store.deliver(plural, "ADDED", obj)
+        store.in_step(plural, True)
+    return store
