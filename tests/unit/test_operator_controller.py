@@ -1588,6 +1588,42 @@ def test_while_jobs_keep_arriving_moved_positions_are_rewritten_now_and_then():
     asyncio.run(scenario())
 
 
+def test_in_a_burst_rounded_positions_wait_longer_than_exact_ones():
+    """Issue 35: in a burst of 100,000 jobs most rewrites beyond the first positions were rounded positions whose
+    bucket changed as members' arrivals interleaved. While jobs wait for a first position, exact positions that
+    moved go out every REFRESH_DEFER_SECONDS, rounded ones every ROUNDED_DEFER_SECONDS."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=2, status_writes_per_second=1000))
+        clock = [1000.0]
+        w.ctl.status.monotonic = lambda: clock[0]
+        await w.warm("run")
+        for i in range(6):
+            w.submit(f"a{i}", created=T0 + 1 + i)
+        await w.ctl.status.flush()
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/a0"))
+        w.submit("first-burst", created=T0 + 50)
+        await w.ctl.status.flush()  # both kinds of refresh go out at once, the first time
+        # a2 and a3 move to the exact places 1 and 2; a5 from 5 (rounded to 10) to 4 (rounded to 4)
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/a1"))
+        exact_due, rounded_due = int(status_module.REFRESH_DEFER_SECONDS), int(status_module.ROUNDED_DEFER_SECONDS)
+        written = []
+        for second in range(1, rounded_due + 2):
+            clock[0] += 1
+            w.submit(f"b{second:02d}", created=T0 + 100 + second)
+            mark = len(w.kube.calls)
+            await w.ctl.status.flush()
+            names = [n for n, _ in statuses(w.kube, mark)]
+            assert f"b{second:02d}" in names  # every arrival's first position at once
+            written.append(sorted(n for n in names if n.startswith("a")))
+        assert [(i + 1, names) for i, names in enumerate(written) if names] == [
+            (exact_due, ["a2", "a3"]),
+            (rounded_due, ["a5"]),
+        ], written
+
+    asyncio.run(scenario())
+
+
 def test_a_pass_after_a_long_pause_may_write_for_all_of_it() -> None:
     """Issue 35: a long queue's passes are spaced (every 16 s at 100,000 pending), but each pass's budget was
     one interval's (500 writes), so positions went out at 30 a second while jobs arrived at 200. A pass's
