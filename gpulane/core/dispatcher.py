@@ -14,7 +14,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from gpulane.core.baselines import make_ranking
 from gpulane.core.events import (
@@ -41,71 +41,12 @@ from gpulane.core.events import (
     UsageRestored,
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec, fair_share_member
+from gpulane.core.lanes import Charge, Lane, LaneState, Running
 from gpulane.core.policy import Policy, PolicyError
-from gpulane.core.ranking import NO_AFFINITY, Affinity, MemberLevel, Ranking
+from gpulane.core.ranking import NO_AFFINITY, MemberLevel, Ranking
 from gpulane.core.score import ScoreBreakdown
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What a dispatch took from the queue: to correct the usage at the end, or to undo it."""
-
-    decision: Dispatch
-    seq: int  # the job's arrival sequence, to wait again in its place
-    seconds: float  # GPU-seconds charged to its member at dispatch
-    served_before: float | None  # its (member, band)'s served clock before the dispatch
-    last_arrival: int  # the newest arrival then: only later ones may make its load yield
-
-
-@dataclass(frozen=True, slots=True)
-class Running:
-    job: Job
-    lane: str
-    started_at: float | None  # None while it waits for its model to load
-    charge: Charge | None = None  # None for a job adopted after a restart
-
-
-@dataclass(slots=True)
-class Lane:
-    """One GPU. ``resident`` is the model loaded or loading, the one serving; ``running`` holds its jobs, in
-    dispatch order: the one record of where a job runs. A lane whose pod runs a ``server`` that holds several
-    models (llama-server's router mode) keeps the others it holds in ``loaded``, with when each last served."""
-
-    id: str
-    online: bool = True
-    resident: str | None = None
-    running: dict[str, Running] = field(default_factory=dict)
-    loading_since: float | None = None  # when the resident model's load began, until it is ready
-    evicting: bool = False  # its model is gone: it takes no job, and drops the model once its jobs end
-    idle_since: float | None = None  # when its last job ended, its model still loaded (for the model's ttl)
-    owners: frozenset[str] | None = None  # the teams it is reserved for: theirs first, others borrow it
-    server: str | None = None  # the server its pod runs, for models that share one (None: a pod per model)
-    loaded: dict[str, float] = field(default_factory=dict)  # the server's other models -> when last served
-    memory_mib: int = 0  # its GPU memory; 0: its server holds one model at a time
-
-    @property
-    def ready(self) -> bool:
-        return self.resident is not None and self.loading_since is None
-
-    def clear(self) -> None:
-        """Its pod is gone, or gives every model up: nothing is loaded."""
-        self.resident, self.loading_since, self.evicting, self.idle_since = None, None, False, None
-        self.server, self.loaded = None, {}
-
-
-@dataclass(frozen=True, slots=True)
-class LaneState:
-    """What a shell reads of a lane: whether it takes jobs, the model it holds, and whether that model is loaded."""
-
-    id: str
-    online: bool
-    resident: str | None
-    ready: bool
-    owners: frozenset[str] | None  # the namespaces it is reserved for
-    loaded: frozenset[str] = frozenset()  # the other models its server holds beside the resident
-    memory_mib: int = 0  # its GPU memory for models held together (0: one at a time)
 
 
 class DispatchError(ValueError):
@@ -261,9 +202,7 @@ class Dispatcher:
         lane = self.lanes.get(lane_id)
         if lane is None:
             return None
-        return LaneState(
-            lane.id, lane.online, lane.resident, lane.ready, lane.owners, frozenset(lane.loaded), lane.memory_mib
-        )
+        return lane.state()
 
     def pending(self) -> Iterator[Job]:
         """The waiting jobs, in arrival order."""
@@ -272,7 +211,7 @@ class Dispatcher:
     def score(self, job: Job, lane_id: str | None, now: float) -> ScoreBreakdown:
         """A waiting job's score at ``now`` on ``lane_id`` (its affinity is the lane's resident model's)."""
         lane = self.lanes.get(lane_id or "")
-        return self.ranking.breakdown(job, NO_AFFINITY if lane is None else self._affinity(lane), now)
+        return self.ranking.breakdown(job, NO_AFFINITY if lane is None else lane.affinity(self.models), now)
 
     def served(self) -> dict[MemberLevel, float]:
         """When each (member, band) queue was last served, to persist."""
@@ -514,7 +453,7 @@ class Dispatcher:
             if lane.running and len(lane.running) >= self.models.concurrency(lane.resident):
                 continue
             excluded = self.models.excluded_on(lane.id)
-            affinity = self._affinity(lane, excluded)
+            affinity = lane.affinity(self.models, excluded)
             best = None if lane.owners is None else self.ranking.best(affinity, now, excluded, lane.owners)
             if best is None:  # not reserved, or lent: none of its owners' jobs waits
                 best = self.ranking.best(affinity, now, excluded)
@@ -531,7 +470,7 @@ class Dispatcher:
 
     def _dispatch(self, lane: Lane, job: Job, seq: int) -> Dispatch:
         now = self.clock()
-        affinity = self._affinity(lane)
+        affinity = lane.affinity(self.models)
         score = self.ranking.breakdown(job, affinity, now)
         changed = self.ranking.alternatives(affinity, job, now) if self._explain else {}
         spec = self.models.get(job.model)
@@ -550,13 +489,16 @@ class Dispatcher:
         served_before = self.ranking.take(job, now, expected)
         if job.model != lane.resident:
             if in_server:
-                evicts = self._switch(lane, job.model, now, load)
+                evicts = lane.switch(job.model, now, load, self.models)
             else:
                 lane.clear()
                 lane.server = spec.server
             lane.resident, lane.loading_since = job.model, now if load else None
         lane.idle_since = None
-        decision = Dispatch(job, lane.id, job.model, load, replaces, now, score, changed, in_server and load, evicts)
+        band = self.policy.band(job.priority) * self.policy.band_spacing
+        decision = Dispatch(
+            job, lane.id, job.model, load, replaces, now, score, changed, in_server and load, evicts, band
+        )
         charge = Charge(decision, seq, expected, served_before, self._seq)
         started = now if lane.ready else None
         if started is not None:
@@ -566,52 +508,12 @@ class Dispatcher:
             self.history.append(decision)
         return decision
 
-    def _switch(self, lane: Lane, model: str, now: float, load: bool) -> tuple[str, ...]:
-        """The lane's server serves ``model`` next: the model it served stays loaded beside it (one still loading
-        is given up), and, for a load, the least recently served give way until the new one fits its memory."""
-        if lane.resident is not None and lane.ready and lane.resident != lane.server:  # (the server itself holds none)
-            lane.loaded[lane.resident] = now
-        lane.loaded.pop(model, None)
-        if not load:
-            return ()
-        room = lane.memory_mib
-        keep, evicts, used = {}, [], self.models.get(model).memory_mib
-        # Most recently served first (of two served at one instant, the later).
-        for other, last in sorted(reversed(lane.loaded.items()), key=lambda item: -item[1]):
-            need = self.models.get(other).memory_mib
-            if room and used + need <= room:
-                keep[other], used = last, used + need
-            else:
-                evicts.append(other)
-        if lane.resident is not None and not lane.ready:
-            evicts.append(lane.resident)
-        lane.loaded = keep
-        return tuple(evicts)
-
-    def _affinity(self, lane: Lane, excluded: frozenset[str] = frozenset()) -> Affinity:
-        """The models whose jobs get affinity on ``lane``, and their shares: all of it for the models loaded
-        there (no switch at all); for the other models of its server, what a switch saves against a new pod."""
-        shares: dict[str, float] = {}
-        if lane.server is not None:
-            for spec in self.models.of_server(lane.server):
-                if (share := self.models.switch_share(spec.name)) > 0:
-                    shares[spec.name] = share
-        for model in (*lane.loaded, *([] if lane.resident is None else [lane.resident])):
-            shares[model] = 1.0
-        return {model: share for model, share in shares.items() if model not in excluded} if shares else NO_AFFINITY
-
     # -- forecasts ----------------------------------------------------------------------
 
     def fork(self, clock: Clock) -> Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
-        clone.lanes = {
-            k: Lane(
-                v.id, v.online, v.resident, dict(v.running), v.loading_since, v.evicting, v.idle_since, v.owners,
-                v.server, dict(v.loaded), v.memory_mib,
-            )
-            for k, v in self.lanes.items()
-        }  # fmt: skip
+        clone.lanes = {k: v.copy() for k, v in self.lanes.items()}
         clone._seq = self._seq
         clone._deadlines = dict(self._deadlines)
         clone._deadline_heap = list(self._deadline_heap)

@@ -180,6 +180,7 @@ class Dispatch:
     changed_by: dict[str, str] = field(default_factory=dict)
     in_server: bool = False
     evicts: tuple[str, ...] = ()
+    band: int = 0  # the centre of the priority band it was ranked in (its metrics' label)
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,8 +129,7 @@ class Controller:
         except (DispatchError, PolicyError) as err:
             log.error("the dispatcher refused %s: %s", type(event).__name__, err)
             return
-        self.status.applied(event)
-        effects.apply(self, done, woke_at)
+        effects.apply(self, done, woke_at, event)
 
     # -- GpuJobs --------------------------------------------------------------------------------
 

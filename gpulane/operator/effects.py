@@ -22,14 +22,13 @@ from typing import Any, Protocol
 
 from gpulane.api.times import format_duration
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, Effect, Expired, Requeued, Unloaded
-from gpulane.operator.history import DispatchHistory, shown_in
-from gpulane.operator.job_table import JobState, JobTable, JobView
+from gpulane.core.events import Dispatch, Effect, Event, Expired, Requeued, Unloaded
+from gpulane.operator.history import DispatchHistory
+from gpulane.operator.job_table import JobTable, JobView
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import band_label
 
 log = logging.getLogger(__name__)
 
@@ -57,74 +56,44 @@ def expire_due(ctl: Host, now: float) -> None:
         apply(ctl, ctl.dispatcher.decide())
 
 
-def apply(ctl: Host, effects: list[Effect], woke_at: float | None = None) -> None:
-    """Every effect of one decision, in order. ``woke_at``: when the event that caused them arrived."""
-    for effect in effects:
+def apply(ctl: Host, effects: list[Effect], woke_at: float | None = None, event: Event | None = None) -> None:
+    """Every effect of one decision (of ``event``, when one caused it), each room taking its part in turn: the
+    table moves the jobs, the records count the dispatches, the jobs that left get their writes, the lanes
+    act, the statuses follow. ``woke_at``: when the event arrived."""
+    moved = ctl.jobs.moved_by(effects, woke_at)
+    for effect, _ in moved:
+        if isinstance(effect, Dispatch):
+            ctl.history.record(effect)
+            ctl.metrics.dispatched(effect)
+    for effect, view in moved:  # a job the core took off its lane: its write lands before the lane's next dispatch
         match effect:
-            case Dispatch():
-                _dispatched(ctl, effect, woke_at)
             case Expired():
-                _expired(ctl, effect)
-            case Unloaded():
-                _unloaded(ctl, effect)
+                write = ctl.end_job(view, "Failed", REASON, _expired(effect))
             case Requeued():
-                _requeued(ctl, effect)
-    ctl.status.dirty = True
+                write = ctl.writes.requeued(view, effect)
+            case _:
+                continue
+        if (runner := ctl.lanes.get(effect.lane or "")) is not None:
+            runner.leave(write)
+        else:
+            ctl.spawn(write)
+    for effect in effects:
+        runner = ctl.lanes.get(effect.lane or "")
+        if isinstance(effect, Unloaded) and runner is not None:
+            runner.gave_back = _unloaded(effect)
+            runner.say("ModelUnloaded", runner.gave_back)
+    for lane in dict.fromkeys(effect.lane for effect in effects):
+        if lane in ctl.lanes:
+            ctl.lanes[lane].kick()
+    ctl.status.decided(effects, event)
 
 
-def _dispatched(ctl: Host, decision: Dispatch, woke_at: float | None) -> None:
-    ctl.jobs.assign(ctl.jobs[decision.job.id], decision, woke_at)
-    ctl.metrics.dispatched(decision, band_label(decision.job.priority, ctl.dispatcher.policy))
-    ctl.history.record(decision)
-    ctl.status.lane_dirty(decision.lane)
-    ctl.lanes[decision.lane].kick()
+def _unloaded(notice: Unloaded) -> str:
+    return (f"GpuModel {notice.model!r} had no job for {format_duration(notice.idle)} (its ttlSeconds): its pod "
+            "is stopped and the GPU given back; the next job loads a model again")  # fmt: skip
 
 
-def _unloaded(ctl: Host, notice: Unloaded) -> None:
-    runner = ctl.lanes.get(notice.lane)
-    if runner is None:
-        return
-    message = (f"GpuModel {notice.model!r} had no job for {format_duration(notice.idle)} (its ttlSeconds): its pod "
-               "is stopped and the GPU given back; the next job loads a model again")  # fmt: skip
-    runner.gave_back = message
-    runner.say("ModelUnloaded", message)
-    ctl.status.lane_dirty(notice.lane)
-    runner.kick()
-
-
-def _expired(ctl: Host, notice: Expired) -> None:
-    view = ctl.jobs.get(notice.job.id)
-    if view is None:
-        return
-    ctl.jobs.release(view)  # the core let it go already; end_job's release is then a no-op
+def _expired(notice: Expired) -> str:
     waited = format_duration(notice.deadline - notice.job.submitted_at)
     where = f", while lane {notice.lane} loaded its model" if notice.lane else ""
-    message = f"still waiting at its queue deadline, {waited} after it was created{where}; it never started"
-    ending = ctl.end_job(view, "Failed", REASON, message)
-    if notice.lane is not None and notice.lane in ctl.lanes:
-        ctl.lanes[notice.lane].leave(ending)
-        ctl.status.lane_dirty(notice.lane)
-        ctl.lanes[notice.lane].kick()
-    else:
-        ctl.spawn(ending)
-
-
-def _requeued(ctl: Host, notice: Requeued) -> None:
-    view = ctl.jobs.get(notice.job.id)
-    if view is None or not ctl.jobs.holds(view, JobState.ASSIGNED):
-        return
-    ctl.jobs.requeue(view)
-    ctl.status.reorder()  # it waits again, and needs a position
-    if notice.to is None:
-        reason = "LoadLost"
-        message = f"lane {notice.lane}'s backend pod was lost before it was ready; it waits again, in its place"
-    else:
-        reason = "LoadYielded"
-        to = shown_in(view.namespace)(notice.to)
-        message = f"lane {notice.lane} stopped loading its model for {to}, which outscored it; it waits again"
-    write = ctl.writes.requeued(view, reason, message)
-    if notice.lane in ctl.lanes:
-        ctl.lanes[notice.lane].leave(write)  # no new dispatch is written there before this one lands
-        ctl.status.lane_dirty(notice.lane)
-    else:
-        ctl.spawn(write)
+    return f"still waiting at its queue deadline, {waited} after it was created{where}; it never started"

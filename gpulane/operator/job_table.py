@@ -17,9 +17,9 @@ from typing import Any, Protocol
 from gpulane.api.contract import EXECUTOR_LEASE, Body
 from gpulane.api.resources import API_VERSION
 from gpulane.api.shards import HANDED_TO_SHARD
-from gpulane.core.dispatcher import Running
-from gpulane.core.events import Dispatch
+from gpulane.core.events import Dispatch, Effect, Expired, Requeued
 from gpulane.core.jobs import Job
+from gpulane.core.lanes import Running
 from gpulane.operator.translate import Arrivals, Refusal
 
 
@@ -223,6 +223,28 @@ class JobTable:
         view.state, view.decision = JobState.ASSIGNED, decision
         view.dispatched_at, view.woke_at = decision.at, woke_at
         self._wait(view, False)
+
+    def moved_by(self, effects: list[Effect], woke_at: float | None) -> list[tuple[Effect, JobView]]:
+        """The core's effects on jobs, in order, and the jobs they moved: a dispatched job is assigned to its lane,
+        an expired one leaves (the core let it go already), a requeued one that still waited for its load waits
+        again."""
+        moved: list[tuple[Effect, JobView]] = []
+        for effect in effects:
+            if isinstance(effect, Dispatch):
+                view = self._jobs[effect.job.id]  # the core dispatches only what the table gave it
+                self.assign(view, effect, woke_at)
+            elif isinstance(effect, Expired | Requeued) and (found := self._jobs.get(effect.job.id)) is not None:
+                view = found
+                if isinstance(effect, Expired):
+                    self.release(view)
+                elif self.holds(view, JobState.ASSIGNED):
+                    self.requeue(view)
+                else:
+                    continue  # it started, or was requeued already
+            else:
+                continue
+            moved.append((effect, view))
+        return moved
 
     def adopt(self, view: JobView, running: bool, dispatched_at: float, started_at: float | None) -> None:
         """A job found active on a lane (after a restart): its ``JobAdopted`` gives the core its lane."""

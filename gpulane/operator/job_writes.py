@@ -20,6 +20,7 @@ from typing import Any
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION, GpuJobStatus
 from gpulane.api.times import format_micro_time, format_time
+from gpulane.core.events import Requeued
 from gpulane.core.explain import describe_dispatch
 from gpulane.kube.client import Conflict, Gone
 from gpulane.kube.protocol import KubeClient
@@ -116,10 +117,16 @@ class JobWrites:
         ref = {"apiVersion": API_VERSION, "kind": "GpuJob", "metadata": meta}
         await self.kube.event(ref, refusal.reason, refusal.message, warning=True, now=now)
 
-    async def requeued(self, view: JobView, reason: str, message: str) -> None:
+    async def requeued(self, view: JobView, notice: Requeued) -> None:
         """Back to Pending after its lane's load yielded or was lost: no lane, no dispatch, the Dispatched
         condition false; its queue position follows from the status writer."""
         now = self.clock()
+        if notice.to is None:
+            reason = "LoadLost"
+            message = f"lane {notice.lane}'s backend pod was lost before it was ready; it waits again, in its place"
+        else:
+            reason, to = "LoadYielded", shown_in(view.namespace)(notice.to)
+            message = f"lane {notice.lane} stopped loading its model for {to}, which outscored it; it waits again"
         async with view.lock:
             view.conditions = merge_condition(view.conditions, condition("Dispatched", False, reason, message, now))
             fields = job_status(phase="Pending", lane=None, dispatchedAt=None, conditions=view.conditions)
@@ -141,23 +148,23 @@ class JobWrites:
         view.observe((await self.kube.patch_job(view.namespace, view.name, patch))["metadata"])
 
     async def drop_finalizer(self, namespace: str, name: str, finalizers: list[str]) -> None:
-        remaining = [f for f in finalizers if f != FINALIZER]
-        patch = [
-            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-            {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
-        ]
-        try:
-            await self.kube.patch_job(namespace, name, patch)
-        except Gone:
-            pass
-        except Conflict:  # the list changed meanwhile: read it again and retry once
+        while FINALIZER in finalizers:
+            remaining = [f for f in finalizers if f != FINALIZER]
+            patch = [
+                {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
+            ]
             try:
-                fresh = await self.kube.get_job(namespace, name)
+                await self.kube.patch_job(namespace, name, patch)
+                return
             except Gone:
                 return
-            current = list(fresh["metadata"].get("finalizers") or [])
-            if FINALIZER in current:
-                await self.drop_finalizer(namespace, name, current)
+            except Conflict:  # the list changed meanwhile: read it again and retry
+                try:
+                    fresh = await self.kube.get_job(namespace, name)
+                except Gone:
+                    return
+                finalizers = list(fresh["metadata"].get("finalizers") or [])
 
     async def position(self, view: JobView, status: Body, written: tuple[Any, ...], holds: Callable[[], bool]) -> None:
         """A waiting job's queue status (``written`` says what it shows), while ``holds()`` says it still waits.

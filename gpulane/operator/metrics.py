@@ -131,8 +131,8 @@ class Metrics:
             "gpulane_lane_ready", "1 while the lane's backend serves its model", ["lane"], registry=r
         )
 
-    def dispatched(self, decision: Dispatch, band: str) -> None:
-        waited = max(0.0, decision.at - decision.job.submitted_at)
+    def dispatched(self, decision: Dispatch) -> None:
+        waited, band = max(0.0, decision.at - decision.job.submitted_at), str(decision.band)
         self.dispatches.labels(band).inc()
         self.wait.labels(band).observe(waited)
         namespace = decision.job.team or ""

@@ -33,7 +33,7 @@ from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, JobCancelled, JobFinished, ModelLoaded
+from gpulane.core.events import Effect, Event, JobCancelled, JobFinished, ModelLoaded, Requeued
 from gpulane.core.forecast import forecasting
 from gpulane.kube.client import Gone
 from gpulane.kube.protocol import KubeClient
@@ -63,6 +63,9 @@ REFRESH_DEFER_SECONDS = 10.0
 # a bucket boundary is crossed by hundreds of jobs every few seconds (14,793 rewrites at 100,000 jobs with the
 # 10 s above). A rounded position is a rough figure; its estimatedAt says how old it is.
 ROUNDED_DEFER_SECONDS = 60.0
+# And at most this many of them in one pass, head first: a pass waits for its writes, and a minute's rounded
+# rewrites (thousands, 4 in flight) held the next pass's first positions back for as long.
+BURST_REFRESHES = 100
 DISPATCH_POLL_SECONDS = 0.005
 # The forecast gives the event loop its turn this often, and takes at most this share of the loop's time.
 FORECAST_SLICE_SECONDS = 0.003
@@ -143,11 +146,15 @@ class StatusWriter:
         forecasts all of it."""
         self._reordered = self.dirty = True
 
-    def applied(self, event: Event) -> None:
-        """An event the core took: a job's end or cancel, or a model loaded, moves the queue by one (each
-        lane's head has it); any other may reorder all of it, or bring a job that needs a position."""
-        if not isinstance(event, JobFinished | JobCancelled | ModelLoaded):
+    def decided(self, effects: list[Effect], event: Event | None = None) -> None:
+        """What the core did, and the event that made it: the lanes it touched are rewritten. A job's end or
+        cancel, or a model loaded, moves the queue by one (each lane's head has it); any other event may reorder
+        all of it, or bring a job that needs a position, and so does a job that waits again."""
+        self._lanes.update(effect.lane for effect in effects if effect.lane is not None)
+        moves = event is None or isinstance(event, JobFinished | JobCancelled | ModelLoaded)
+        if not moves or any(isinstance(effect, Requeued) for effect in effects):
             self.reorder()
+        self.dirty = True
 
     def _full_due(self) -> bool:
         if self.host.dispatcher.policy is not self._policy:  # a new policy ranks the whole queue anew
@@ -201,7 +208,8 @@ class StatusWriter:
             if 0 < firsts < len(writes):  # a burst: the refreshes once it is written, or now and then
                 exact_due = began - self._refreshed >= REFRESH_DEFER_SECONDS
                 rounded_due = began - self._rounded >= ROUNDED_DEFER_SECONDS
-                kept = writes[:firsts] + [w for w in writes[firsts:] if (exact_due if _exact(w) else rounded_due)]
+                due = [w for w in writes[firsts:] if (exact_due if _exact(w) else rounded_due)]
+                kept = writes[:firsts] + due[:BURST_REFRESHES]
                 writes, self.dirty = kept, self.dirty or len(kept) < len(writes)
             cost = 0
             for i, (view, _, status, _) in enumerate(writes):

@@ -1624,6 +1624,34 @@ def test_in_a_burst_rounded_positions_wait_longer_than_exact_ones():
     asyncio.run(scenario())
 
 
+def test_in_a_burst_a_pass_writes_few_refreshes_head_first(monkeypatch) -> None:
+    """A pass waits for its writes, so a wave of refreshes (4 in flight) held the next first positions back: in a
+    burst a pass writes at most BURST_REFRESHES of them, the head's first, and the rest in later passes."""
+    monkeypatch.setattr(status_module, "BURST_REFRESHES", 3)
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=1000))
+        clock = [1000.0]
+        w.ctl.status.monotonic = lambda: clock[0]
+        await w.warm("run")
+        for i in range(8):
+            w.submit(f"a{i}", created=T0 + 1 + i)
+        await w.ctl.status.flush()
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/a0"))  # a1..a7 move up one place
+        passes = []
+        for second in range(3):
+            clock[0] += status_module.ROUNDED_DEFER_SECONDS
+            w.submit(f"b{second}", created=T0 + 100 + second)
+            mark = len(w.kube.calls)
+            await w.ctl.status.flush()
+            names = [n for n, _ in statuses(w.kube, mark)]
+            assert f"b{second}" in names
+            passes.append([n for n in names if n.startswith("a")])
+        assert passes == [["a1", "a2", "a3"], ["a4", "a5", "a6"], ["a7"]]
+
+    asyncio.run(scenario())
+
+
 def test_a_pass_after_a_long_pause_may_write_for_all_of_it() -> None:
     """Issue 35: a long queue's passes are spaced (every 16 s at 100,000 pending), but each pass's budget was
     one interval's (500 writes), so positions went out at 30 a second while jobs arrived at 200. A pass's
