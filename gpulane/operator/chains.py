@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from gpulane.admission.review import author_of, judge_step
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.chains import ATTEMPT_LABEL, CHAIN_LABEL, STEP_LABEL, ChainStep, GpuChainSpec, GpuChainStatus
+from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION
 from gpulane.api.shards import SHARD_LABEL, shard_of
@@ -37,7 +38,6 @@ from gpulane.core.policy import Policy
 from gpulane.core.validation import describe
 from gpulane.kube.client import Conflict, Gone
 from gpulane.kube.protocol import KubeClient
-from gpulane.operator.translate import condition, merge_condition
 
 log = logging.getLogger(__name__)
 

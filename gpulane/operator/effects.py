@@ -24,8 +24,8 @@ from gpulane.api.times import format_duration
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch, Effect, Event, Expired, Requeued, Unloaded
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.job_table import JobTable, JobView
-from gpulane.operator.job_writes import JobWrites
+from gpulane.operator.job_table import JobTable
+from gpulane.operator.job_writes import QUEUE_TIMEOUT, JobWrites
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.status import StatusWriter
@@ -43,10 +43,6 @@ class Host(Protocol):
     history: DispatchHistory
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
-
-
-REASON = "QueueTimeout"
 
 
 def expire_due(ctl: Host, now: float) -> None:
@@ -68,7 +64,8 @@ def apply(ctl: Host, effects: list[Effect], woke_at: float | None = None, event:
     for effect, view in moved:  # a job the core took off its lane: its write lands before the lane's next dispatch
         match effect:
             case Expired():
-                write = ctl.end_job(view, "Failed", REASON, _expired(effect))
+                ctl.metrics.job_failures.labels(QUEUE_TIMEOUT).inc()
+                write = ctl.writes.expired(view, effect)
             case Requeued():
                 write = ctl.writes.requeued(view, effect)
             case _:
@@ -91,9 +88,3 @@ def apply(ctl: Host, effects: list[Effect], woke_at: float | None = None, event:
 def _unloaded(notice: Unloaded) -> str:
     return (f"GpuModel {notice.model!r} had no job for {format_duration(notice.idle)} (its ttlSeconds): its pod "
             "is stopped and the GPU given back; the next job loads a model again")  # fmt: skip
-
-
-def _expired(notice: Expired) -> str:
-    waited = format_duration(notice.deadline - notice.job.submitted_at)
-    where = f", while lane {notice.lane} loaded its model" if notice.lane else ""
-    return f"still waiting at its queue deadline, {waited} after it was created{where}; it never started"

@@ -17,20 +17,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import API_VERSION, GpuJobStatus
-from gpulane.api.times import format_micro_time, format_time
-from gpulane.core.events import Requeued
+from gpulane.api.times import format_duration, format_micro_time, format_time
+from gpulane.core.events import Expired, Requeued
 from gpulane.core.explain import describe_dispatch
 from gpulane.kube.client import Conflict, Gone
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory, shown_in
 from gpulane.operator.job_table import JobView
-from gpulane.operator.translate import Refusal, condition, merge_condition, score_fields
+from gpulane.operator.translate import Refusal, score_fields
 
 log = logging.getLogger(__name__)
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], None]
+QUEUE_TIMEOUT = "QueueTimeout"  # the reason of a job still waiting at its queue deadline
 
 
 def job_status(**fields: Any) -> Body:
@@ -136,6 +138,20 @@ class JobWrites:
                 return
             view.api_phase = "Pending"
         await self.kube.event(view.ref(), reason, message, now=now)
+
+    async def expired(self, view: JobView, notice: Expired) -> None:
+        """Failed with QueueTimeout: the core let the job go at its queue deadline, before it started (off the
+        table already, so no tick or cancel ends it a second time); then its Event and its finalizer off."""
+        now = self.clock()
+        waited = format_duration(notice.deadline - notice.job.submitted_at)
+        where = f", while lane {notice.lane} loaded its model" if notice.lane else ""
+        message = f"still waiting at its queue deadline, {waited} after it was created{where}; it never started"
+        async with view.lock:
+            result = await self.end(view, "Failed", QUEUE_TIMEOUT, message, now)
+        if result.ended is not Ended.WRITTEN:
+            return
+        await self.kube.event(view.ref(), QUEUE_TIMEOUT, message, warning=True, now=now)
+        await self.drop_finalizer(view.namespace, view.name, view.finalizers)
 
     async def add_finalizer(self, view: JobView) -> None:
         if FINALIZER in view.finalizers:

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
 from gpulane.core.dispatcher import Dispatcher
@@ -22,7 +23,7 @@ from gpulane.operator.pods import TemplateError, backend_pod
 from gpulane.operator.server_pods import PresetError, preset_ini
 from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import condition, merge_condition, model_spec, policy_refusal
+from gpulane.operator.translate import model_spec, policy_refusal
 
 log = logging.getLogger(__name__)
 

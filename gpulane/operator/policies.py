@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from gpulane.api.admission import AdmissionPolicy
+from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuPolicySpec, GpuPolicyStatus, InvalidPolicy
 from gpulane.api.retention import Retention
@@ -15,7 +16,6 @@ from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
 from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.observed import Observed
-from gpulane.operator.translate import condition, merge_condition
 
 log = logging.getLogger(__name__)
 

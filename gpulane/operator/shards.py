@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from gpulane.api.conditions import condition
 from gpulane.api.contract import Body
 from gpulane.api.shards import HANDED_TO_SHARD, SHARD_LABEL, Shard, described, shard_of
 from gpulane.kube.client import Gone, backoff
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.job_table import JobTable
-from gpulane.operator.translate import condition
 
 log = logging.getLogger(__name__)
 

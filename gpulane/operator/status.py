@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import GpuLaneStatus, GpuModelStatus
 from gpulane.api.times import format_micro_time, format_time
@@ -44,7 +45,7 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
 from gpulane.operator.observed import Observed
 from gpulane.operator.settings import Settings
-from gpulane.operator.translate import band_label, condition, merge_condition, score_fields
+from gpulane.operator.translate import band_label, score_fields
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,8 @@ def test_a_waiting_job_fails_at_its_own_queue_timeout_and_never_runs():
         assert status["message"] == "still waiting at its queue deadline, 30s after it was created; it never started"
         events = [c.body for c in w.kube.calls_of("event", f"gpujobs/{NS}/impatient")]
         assert [(e["reason"], e["warning"]) for e in events] == [("QueueTimeout", True)]
+        failures = w.ctl.metrics.job_failures.labels("QueueTimeout")._value.get()
+        assert failures == 1
 
         # The lane frees up: nothing of the expired job is dispatched or started.
         since = len(w.kube.calls)
