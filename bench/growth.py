@@ -34,8 +34,15 @@ def plot(by_lanes: list[dict[str, Any]], by_jobs: list[dict[str, Any]], path: st
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for row, (runs, key, label) in enumerate(((by_lanes, "lanes", "lanes"), (by_jobs, "jobs", "jobs"))):
+    # The one-lane run of the lanes' row is a point of the jobs' row too; one lane count alone draws no row.
+    sizes = {r["jobs"] for r in by_jobs}
+    one_lane = [
+        {"jobs": r["scale"]["jobs"], **r} for r in by_lanes if r["lanes"] == 1 and r["scale"]["jobs"] not in sizes
+    ]
+    rows = [(by_lanes, "lanes")] if len(by_lanes) > 1 else []
+    rows.append((sorted([*by_jobs, *one_lane], key=lambda r: r["jobs"]), "jobs"))
+    fig, axes = plt.subplots(len(rows), 3, figsize=(13, 3.5 * len(rows)), squeeze=False)
+    for row, (runs, key) in enumerate(rows):
         lat = [r["latency"] for r in runs]
         burst = [r["scale"] for r in runs]
         xs = [r[key] for r in runs]
@@ -43,18 +50,19 @@ def plot(by_lanes: list[dict[str, Any]], by_jobs: list[dict[str, Any]], path: st
         ax.plot(xs, [x["total_p50_ms"] for x in lat], "o-", label="p50")
         ax.plot(xs, [x["total_p99_ms"] for x in lat], "s--", label="p99")
         ax.plot(xs, [x["operator_cpu_ms_per_dispatch"] for x in lat], "^:", label="operator CPU per dispatch")
-        ax.set(xlabel=label, ylabel="warm dispatch (ms)", xscale="log")
+        ax.set(xlabel=key, ylabel="warm dispatch (ms)", xscale="log")
         ax.legend()
         ax = axes[row][1]
         ax.plot(xs, [x["jobs_per_second"] for x in burst], "o-", label="positioned jobs/s")
         ax.plot(xs, [x["operator_writes_per_second"] for x in lat], "s--", label="API writes/s while dispatching")
-        ax.set(xlabel=label, ylabel="per second", xscale="log")
+        ax.set(xlabel=key, ylabel="per second", xscale="log")
         ax.legend()
         ax = axes[row][2]
         ax.plot(xs, [x["operator_peak_rss_mib"] for x in burst], "o-", label="after the burst")
-        ax.set(xlabel=label, ylabel="operator peak RSS (MiB)", xscale="log")
+        ax.set(xlabel=key, ylabel="operator peak RSS (MiB)", xscale="log")
         ax.legend()
-    fig.suptitle("gpulane operator: cost against lanes (top, 5,000 jobs) and against jobs (bottom, 1 lane)")
+    against = ["lanes (5,000 jobs)"] * (len(rows) > 1) + ["jobs (1 lane)"]
+    fig.suptitle(f"gpulane operator: cost against {' and against '.join(against)}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
