@@ -61,8 +61,8 @@ def plot(by_lanes: list[dict[str, Any]], by_jobs: list[dict[str, Any]], path: st
         ax.plot(xs, [x["operator_peak_rss_mib"] for x in burst], "o-", label="after the burst")
         ax.set(xlabel=key, ylabel="operator peak RSS (MiB)", xscale="log")
         ax.legend()
-    against = ["lanes (5,000 jobs)"] * (len(rows) > 1) + ["jobs (1 lane)"]
-    fig.suptitle(f"gpulane operator: cost against {' and against '.join(against)}")
+    against = "lanes (top, 5,000 jobs) and against jobs (bottom, 1 lane)" if len(rows) > 1 else "jobs (1 lane)"
+    fig.suptitle(f"gpulane operator: cost against {against}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
