@@ -1,5 +1,7 @@
 """The controller routes watch events to the core and the core's decisions to the rooms that act on them.
 
+A GpuJob's event is read by the table (``JobTable.enter``) into an ``Intake``: the core's events, the writes
+and the records it asks for, as data; ``effects.settle`` applies it with the core's effects, in one place.
 Every core event is applied synchronously on the event loop, so the dispatcher never sees two events at
 once. API writes happen afterwards, in tasks: a job's writes are serialised by its lock (``job_writes``),
 and a lane's pod work by its ``LaneRunner``. Which job is where is kept by the ``JobTable`` alone. What
@@ -21,24 +23,22 @@ from gpulane.api.contract import FINALIZER, Body
 from gpulane.api.resources import TERMINAL_PHASES, GpuLaneSpec
 from gpulane.api.shards import Shard
 from gpulane.api.times import format_duration, format_time
-from gpulane.core.dispatcher import Dispatcher, DispatchError
+from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import (
     Event,
-    JobCancelled,
-    JobFinished,
-    JobSubmitted,
     LaneUpdated,
     LoadLost,
     ModelLoaded,
 )
 from gpulane.core.jobs import ModelCatalog
-from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.policy import Policy
 from gpulane.core.validation import describe
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator import backends, effects, lane_rules, models, policies, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.job_table import JobState, JobTable, JobView
+from gpulane.operator.intake import Admission, Refuse
+from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics, queue_snapshot
@@ -49,7 +49,7 @@ from gpulane.operator.retention import Expiries
 from gpulane.operator.settings import Settings
 from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import Refusal, job_from_body, job_key, policy_refusal
+from gpulane.operator.translate import Refusal, policy_refusal
 
 log = logging.getLogger(__name__)
 
@@ -122,99 +122,23 @@ class Controller:
         for lane in self.lanes.values():
             lane.kick()
 
-    def apply(self, event: Event, woke_at: float | None = None) -> None:
-        """Hand one event to the core and act on every effect it returns, in order."""
-        try:
-            done = self.dispatcher.handle(event)
-        except (DispatchError, PolicyError) as err:
-            log.error("the dispatcher refused %s: %s", type(event).__name__, err)
-            return
-        effects.apply(self, done, woke_at, event)
+    def apply(self, event: Event) -> None:
+        """One event for the core, and everything it returns applied (``effects.settle``)."""
+        effects.settle(self, Intake(events=[event]))
 
     # -- GpuJobs --------------------------------------------------------------------------------
 
     def job_event(self, kind: str | None, body: Body) -> None:
-        meta = body["metadata"]
-        view = self.jobs.get(job_key(body))
-        if view is not None and view.uid != meta.get("uid", ""):  # deleted and created again under the same name
-            self._forget(view)
-            view = None
-        if kind == "DELETED":
-            self.expiries.gone(meta.get("uid", ""))
-            if view is not None:
-                self._forget(view)
-            return
-        status = body.get("status") or {}
-        phase = status.get("phase")
-        finalizers = list(meta.get("finalizers") or [])
-        if view is not None:
-            view.observe(meta)
-        if phase in TERMINAL_PHASES or (view is None and meta.get("deletionTimestamp")):
-            if view is not None and view.active:
-                self._executor_finished(view)
-            if FINALIZER in finalizers:
-                self.spawn(self.writes.drop_finalizer(meta["namespace"], meta["name"], finalizers))
-            if phase in TERMINAL_PHASES:
-                self.expiries.finished(body, self.observed.retention, self.clock())
-        elif view is None and phase in ("Dispatching", "Running"):
-            # Once the operator runs, only its own dispatches are active (the rebuild adopted the others): a job
-            # that claims to be (someone with gpujobs/status rights wrote it) takes no lane and is failed.
-            lane = str(status.get("lane"))[:63]
-            why = f"its status claimed phase {phase} on lane {lane}, but the operator never dispatched it"
-            log.warning("not adopting %s: %s", job_key(body), why)
-            self._refuse(body, Refusal("NotDispatched", why))
-        elif view is None:
-            self._admit(body)
-        elif meta.get("deletionTimestamp"):
-            self._cancel(view)
-
-    def _admit(self, body: Body) -> None:
-        if self.router.hand_over("gpujobs", body):  # its model is another shard's
-            return
-        full = self.jobs.full(body, self.observed.pending_cap, self.observed.member_pending_cap)
-        result = full or job_from_body(body, self.dispatcher.policy, self.clock(), self.jobs.arrivals)
-        if isinstance(result, Refusal):
-            self._refuse(body, result)
-            return
-        view = JobView.of(body, result)
-        if result.model not in self.observed.models:
-            self.jobs.park(view)
-            self.status.dirty = True
-            return
-        self.jobs.admit(view)
-        self.apply(JobSubmitted(result))
-
-    def _refuse(self, body: Body, refusal: Refusal) -> None:
-        self.metrics.job_failures.labels(refusal.reason).inc()
-        self.spawn(self.writes.refuse(body, refusal))
+        """The table reads the event and says what follows; ``effects.settle`` applies it."""
+        admission = Admission(self.dispatcher.policy, self.clock(), self.observed.models, self.router.elsewhere,
+                              self.observed.pending_cap, self.observed.member_pending_cap)  # fmt: skip
+        effects.settle(self, self.jobs.enter(kind, body, admission))
 
     def reject(self, view: JobView, reason: str) -> None:
         """A waiting job the current policy cannot rank: it fails with PolicyRejected."""
         self.jobs.release(view)
         body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
-        self._refuse(body, Refusal("PolicyRejected", reason))
-
-    def _executor_finished(self, view: JobView) -> None:
-        """Timed by the operator's own clock: an executor's finishedAt (at or before startedAt, say) would
-        drag the model's learned run time, and with it every job's dispatch charge, toward 0."""
-        self.release(view, None if view.started_at is None else max(0.0, self.clock() - view.started_at))
-
-    def _cancel(self, view: JobView) -> None:
-        """The job is being deleted: out of the queue, or cancelled on its lane (the finalizer waits)."""
-        if view.active:
-            if not view.ending:
-                self.spawn(self.end_job(view, "Cancelled", "Deleted", "the GpuJob was deleted"))
-            return
-        self._forget(view)
-        if FINALIZER in view.finalizers:
-            self.spawn(self.writes.drop_finalizer(view.namespace, view.name, view.finalizers))
-
-    def _forget(self, view: JobView) -> None:
-        """The job left (deleted or replaced): take it out of the queue or off its lane."""
-        if view.active:
-            self.release(view, None)
-        elif self.jobs.release(view) and view.state == JobState.PENDING:
-            self.apply(JobCancelled(view.key))
+        effects.settle(self, Intake(writes=[Refuse(body, Refusal("PolicyRejected", reason))]))
 
     async def _delete_finished(self, namespace: str, name: str, uid: str, now: float) -> None:
         if await self.expiries.delete(self.kube, namespace, name, uid, now):
@@ -222,18 +146,7 @@ class Controller:
 
     def release(self, view: JobView, run_seconds: float | None) -> None:
         """The job no longer holds capacity: tell the core, and let the lane start the next."""
-        lane = self.jobs.lane_of(view)
-        if not self.jobs.release(view):
-            return
-        runner = self.lanes.get(lane or "")
-        if runner is not None:
-            self.metrics.lane_busy.labels(runner.name).set(len(self.jobs.on_lane(runner.name, JobState.RUNNING)))
-        self.metrics.held(view.job, (now := self.clock()) - (view.dispatched_at or now), self.dispatcher.usage(now))
-        self.apply(JobFinished(view.key, run_seconds), woke_at=time.monotonic())
-        if run_seconds is not None:
-            self._learn(view.model, "run")
-        if runner is not None:
-            runner.kick()
+        effects.settle(self, self.jobs.free(view, run_seconds, Intake()))
 
     # -- job transitions (asked for by lanes and the tick) --------------------------------------
 
@@ -289,7 +202,7 @@ class Controller:
                 view.ending = False  # a failed write (a 429, a timeout) is retried by the next tick
             if result.ended == Ended.LOST:
                 if (result.fresh or {}).get("phase") in TERMINAL_PHASES:
-                    self._executor_finished(view)
+                    self.release(view, view.ran(self.clock()))
                 return
             if phase == "Failed":
                 self.metrics.job_failures.labels(reason).inc()
@@ -318,10 +231,10 @@ class Controller:
         if seconds is not None:
             self.metrics.model_load.observe(seconds)
             self.history.loaded(lane, model, seconds, in_server)
-            self._learn(model, "switch" if in_server else "load")
+            self.learn(model, "switch" if in_server else "load")
         self.status.lane_dirty(lane)
 
-    def _learn(self, model: str, what: str) -> None:
+    def learn(self, model: str, what: str) -> None:
         if learn(self.observed, self.dispatcher, model, what):
             self.status.model_dirty(model)
 
@@ -395,4 +308,4 @@ class Controller:
             refusal = policy_refusal(policy, view.job.priority, view.job.tier)
             if refusal is not None:
                 self.reject(view, refusal.message)
-        effects.apply(self, self.dispatcher.decide())
+        effects.settle(self, Intake(decide=True))

@@ -12,22 +12,31 @@ to ``Pending``.
 
 A lane idle past its model's ttl has given the model up: here its pod goes (the lane runner sees that the
 core wants none), and the lane says why, in an Event and on its Ready condition.
+
+A GpuJob's watch event comes here as data too (``intake.py``): ``settle`` hands its events to the core, applies
+the core's effects and then the event's own writes and records.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from gpulane.api.times import format_duration
-from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Dispatch, Effect, Event, Expired, Requeued, Unloaded
+from gpulane.core.dispatcher import Dispatcher, DispatchError
+from gpulane.core.events import Dispatch, Effect, Event, Expired, JobFinished, Requeued, Unloaded
+from gpulane.core.policy import PolicyError
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.job_table import JobTable
-from gpulane.operator.job_writes import QUEUE_TIMEOUT, JobWrites
+from gpulane.operator.intake import Refuse
+from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
+from gpulane.operator.job_writes import QUEUE_TIMEOUT, JobWrite, JobWrites, Leave
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
+from gpulane.operator.observed import Observed
+from gpulane.operator.retention import Expiries
+from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -41,48 +50,85 @@ class Host(Protocol):
     writes: JobWrites
     metrics: Metrics
     history: DispatchHistory
+    observed: Observed
+    expiries: Expiries
+    router: Router
+    clock: Callable[[], float]
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    def learn(self, model: str, what: str) -> None: ...
+    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
+
+
+def settle(ctl: Host, intake: Intake) -> None:
+    """Everything one event asks for, each room taking its part in turn: what the freed lanes held is charged,
+    the core hears the events, the table moves the jobs the core moved, the records count the dispatches, the
+    writes go (a job the core took off its lane first: its write lands before the lane's next dispatch), the
+    lanes act, the statuses follow, and the records of finished, deleted and handed-over jobs last."""
+    now, woke = ctl.clock(), time.monotonic()
+    for freed in intake.freed:  # charged as its member's usage was before the core hears it ended
+        if freed.lane in ctl.lanes:
+            ctl.metrics.lane_busy.labels(freed.lane).set(len(ctl.jobs.on_lane(freed.lane, JobState.RUNNING)))
+        ctl.metrics.held(freed.view.job, now - (freed.view.dispatched_at or now), ctl.dispatcher.usage(now))
+    decided: list[tuple[Event | None, list[Effect]]] = []
+    for event in intake.events:
+        try:
+            decided.append((event, ctl.dispatcher.handle(event)))
+        except (DispatchError, PolicyError) as err:
+            log.error("the dispatcher refused %s: %s", type(event).__name__, err)
+    if intake.decide:
+        decided.append((None, ctl.dispatcher.decide()))
+    moved = []  # a job that ended woke its lane: the dispatch latency of the next counts from its event
+    for cause, done in decided:
+        moved += ctl.jobs.moved_by(done, woke if isinstance(cause, JobFinished) else None)
+    for effect, _ in moved:
+        if isinstance(effect, Dispatch):
+            ctl.history.record(effect)
+            ctl.metrics.dispatched(effect)
+    left: list[JobWrite] = [Leave(view, e) for e, view in moved if isinstance(e, Expired | Requeued)]
+    for write in [*left, *intake.writes]:
+        match write:
+            case Leave(notice=Expired()):
+                ctl.metrics.job_failures.labels(QUEUE_TIMEOUT).inc()
+            case Refuse(refusal=refusal):
+                ctl.metrics.job_failures.labels(refusal.reason).inc()
+        task = ctl.writes.perform(write)
+        runner = ctl.lanes.get(write.notice.lane or "") if isinstance(write, Leave) else None
+        if runner is not None:
+            runner.leave(task)
+        else:
+            ctl.spawn(task)
+    for view in intake.cancel:
+        ctl.spawn(ctl.end_job(view, "Cancelled", "Deleted", "the GpuJob was deleted"))
+    effects = [effect for _, done in decided for effect in done]
+    for effect in effects:
+        runner = ctl.lanes.get(effect.lane or "")
+        if isinstance(effect, Unloaded) and runner is not None:
+            runner.gave_back = _unloaded(effect)
+            runner.say("ModelUnloaded", runner.gave_back)
+    for freed in intake.freed:
+        if freed.run_seconds is not None:
+            ctl.learn(freed.view.model, "run")
+    for lane in dict.fromkeys([*(effect.lane for effect in effects), *(freed.lane for freed in intake.freed)]):
+        if lane in ctl.lanes:
+            ctl.lanes[lane].kick()
+    for cause, done in decided:
+        ctl.status.decided(done, cause)
+    if intake.parked:
+        ctl.status.dirty = True
+    if intake.finished is not None:
+        ctl.expiries.finished(intake.finished, ctl.observed.retention, now)
+    if intake.gone is not None:
+        ctl.expiries.gone(intake.gone)
+    if intake.handed is not None:
+        ctl.router.hand_over("gpujobs", intake.handed)
 
 
 def expire_due(ctl: Host, now: float) -> None:
     """The tick's part: when a queue deadline or a model's ttl has passed, let the dispatcher act on it."""
     due = ctl.dispatcher.next_deadline()
     if due is not None and due <= now:
-        apply(ctl, ctl.dispatcher.decide())
-
-
-def apply(ctl: Host, effects: list[Effect], woke_at: float | None = None, event: Event | None = None) -> None:
-    """Every effect of one decision (of ``event``, when one caused it), each room taking its part in turn: the
-    table moves the jobs, the records count the dispatches, the jobs that left get their writes, the lanes
-    act, the statuses follow. ``woke_at``: when the event arrived."""
-    moved = ctl.jobs.moved_by(effects, woke_at)
-    for effect, _ in moved:
-        if isinstance(effect, Dispatch):
-            ctl.history.record(effect)
-            ctl.metrics.dispatched(effect)
-    for effect, view in moved:  # a job the core took off its lane: its write lands before the lane's next dispatch
-        match effect:
-            case Expired():
-                ctl.metrics.job_failures.labels(QUEUE_TIMEOUT).inc()
-                write = ctl.writes.expired(view, effect)
-            case Requeued():
-                write = ctl.writes.requeued(view, effect)
-            case _:
-                continue
-        if (runner := ctl.lanes.get(effect.lane or "")) is not None:
-            runner.leave(write)
-        else:
-            ctl.spawn(write)
-    for effect in effects:
-        runner = ctl.lanes.get(effect.lane or "")
-        if isinstance(effect, Unloaded) and runner is not None:
-            runner.gave_back = _unloaded(effect)
-            runner.say("ModelUnloaded", runner.gave_back)
-    for lane in dict.fromkeys(effect.lane for effect in effects):
-        if lane in ctl.lanes:
-            ctl.lanes[lane].kick()
-    ctl.status.decided(effects, event)
+        settle(ctl, Intake(decide=True))
 
 
 def _unloaded(notice: Unloaded) -> str:

@@ -9,18 +9,22 @@ Nothing else keeps a set of jobs, and the table's methods are the only way to mo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from gpulane.api.contract import EXECUTOR_LEASE, Body
-from gpulane.api.resources import API_VERSION
+from gpulane.api.contract import EXECUTOR_LEASE, FINALIZER, Body
+from gpulane.api.resources import API_VERSION, TERMINAL_PHASES
 from gpulane.api.shards import HANDED_TO_SHARD
-from gpulane.core.events import Dispatch, Effect, Expired, Requeued
+from gpulane.core.events import Dispatch, Effect, Event, Expired, JobCancelled, JobFinished, JobSubmitted, Requeued
 from gpulane.core.jobs import Job
 from gpulane.core.lanes import Running
-from gpulane.operator.translate import Arrivals, Refusal
+from gpulane.operator.intake import Admission, DropFinalizer, Refuse
+from gpulane.operator.translate import Arrivals, Refusal, job_from_body, job_key
+
+log = logging.getLogger(__name__)
 
 
 class JobState(StrEnum):
@@ -79,6 +83,11 @@ class JobView:
     def active(self) -> bool:
         return self.state in ACTIVE
 
+    def ran(self, now: float) -> float | None:
+        """How long it ran, if it started, timed by the operator's own clock: an executor's finishedAt (at or before
+        startedAt, say) would drag the model's learned run time, and with it every job's dispatch charge, to 0."""
+        return None if self.started_at is None else max(0.0, now - self.started_at)
+
     def ref(self) -> Body:
         return {
             "apiVersion": API_VERSION,
@@ -118,6 +127,33 @@ def lease_of(meta: Body) -> tuple[str, str] | None:
         return None
     namespace, _, name = value.rpartition("/")
     return (namespace or meta["namespace"], name)
+
+
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """An active job left the table: its lane has room again (``run_seconds``: how long it ran, if it ended)."""
+
+    view: JobView
+    lane: str | None
+    run_seconds: float | None
+
+
+@dataclass(slots=True)
+class Intake:
+    """What one event asks of the operator beyond the table (a GpuJob's: ``JobTable.enter``), as data that
+    ``effects.settle`` applies in order: the core's events, the jobs that gave their lane back, the active jobs
+    to end (cancelled: the end is written, then they leave), the writes, and what the records keep: a finished
+    job's expiry, a deleted one's uid, a job handed to another shard, a job parked."""
+
+    events: list[Event] = field(default_factory=list)
+    freed: list[Freed] = field(default_factory=list)
+    cancel: list[JobView] = field(default_factory=list)
+    writes: list[Refuse | DropFinalizer] = field(default_factory=list)
+    finished: Body | None = None
+    gone: str | None = None
+    handed: Body | None = None
+    parked: bool = False
+    decide: bool = False  # the core decides afresh, without an event (a queue deadline passed, a new policy)
 
 
 class JobTable:
@@ -190,6 +226,86 @@ class JobTable:
                    f"(admission.maxPendingPerMember is {member_cap})")  # fmt: skip
             return Refusal("MemberQueueFull", why)
         return None
+
+    # -- a GpuJob's watch event ---------------------------------------------------------------------
+
+    def enter(self, kind: str | None, body: Body, admission: Admission) -> Intake:
+        """Read one watch event of a GpuJob against the table, move the table, and return what else follows."""
+        meta, status = body["metadata"], body.get("status") or {}
+        seen, phase = self.get(job_key(body)), status.get("phase")
+        finalizers = list(meta.get("finalizers") or [])
+        intake = Intake()
+        if seen is not None and seen.uid != meta.get("uid", ""):  # deleted and created again under the same name
+            self._forget(seen, intake)
+            seen = None
+        if kind == "DELETED":
+            intake.gone = meta.get("uid", "")
+            if seen is not None:
+                self._forget(seen, intake)
+            return intake
+        if seen is not None:
+            seen.observe(meta)
+        if phase in TERMINAL_PHASES or (seen is None and meta.get("deletionTimestamp")):
+            if seen is not None and seen.active:
+                self.free(seen, seen.ran(admission.now), intake)
+            if FINALIZER in finalizers:
+                intake.writes.append(DropFinalizer(meta["namespace"], meta["name"], finalizers))
+            if phase in TERMINAL_PHASES:
+                intake.finished = body
+        elif seen is None and phase in ("Dispatching", "Running"):
+            # Once the operator runs, only its own dispatches are active (the rebuild adopted the others): a job
+            # that claims to be (someone with gpujobs/status rights wrote it) takes no lane and is failed.
+            lane = str(status.get("lane"))[:63]
+            why = f"its status claimed phase {phase} on lane {lane}, but the operator never dispatched it"
+            log.warning("not adopting %s: %s", job_key(body), why)
+            intake.writes.append(Refuse(body, Refusal("NotDispatched", why)))
+        elif seen is None:
+            self._admit(body, admission, intake)
+        elif meta.get("deletionTimestamp"):
+            self._cancel(seen, intake)
+        return intake
+
+    def _admit(self, body: Body, admission: Admission, intake: Intake) -> None:
+        if (body.get("spec") or {}).get("model") in admission.elsewhere:  # its model is another shard's
+            intake.handed = body
+            return
+        full = self.full(body, admission.pending_cap, admission.member_pending_cap)
+        result = full or job_from_body(body, admission.policy, admission.now, self.arrivals)
+        if isinstance(result, Refusal):
+            intake.writes.append(Refuse(body, result))
+            return
+        view = JobView.of(body, result)
+        if result.model in admission.models:
+            self.admit(view)
+            intake.events.append(JobSubmitted(result))
+        else:
+            self.park(view)
+            intake.parked = True
+
+    def _cancel(self, view: JobView, intake: Intake) -> None:
+        """The job is being deleted: out of the queue, or cancelled on its lane (the finalizer waits)."""
+        if view.active:
+            if not view.ending:
+                intake.cancel.append(view)
+            return
+        self._forget(view, intake)
+        if FINALIZER in view.finalizers:
+            intake.writes.append(DropFinalizer(view.namespace, view.name, view.finalizers))
+
+    def _forget(self, view: JobView, intake: Intake) -> None:
+        """The job left (deleted or replaced): out of the queue or off its lane."""
+        if view.active:
+            self.free(view, None, intake)
+        elif self.release(view) and view.state == JobState.PENDING:
+            intake.events.append(JobCancelled(view.key))
+
+    def free(self, view: JobView, run_seconds: float | None, intake: Intake) -> Intake:
+        """An active job leaves: the core hears it finished (``run_seconds``: how long, if it ran to its end)."""
+        lane = self.lane_of(view)
+        if self.release(view):
+            intake.events.append(JobFinished(view.key, run_seconds))
+            intake.freed.append(Freed(view, lane, run_seconds))
+        return intake
 
     def _wait(self, view: JobView, waiting: bool) -> None:
         for bucket in (view.namespace, (view.namespace, view.job.member)):

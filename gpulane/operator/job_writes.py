@@ -26,6 +26,7 @@ from gpulane.core.explain import describe_dispatch
 from gpulane.kube.client import Conflict, Gone
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory, shown_in
+from gpulane.operator.intake import DropFinalizer, Refuse
 from gpulane.operator.job_table import JobView
 from gpulane.operator.translate import Refusal, score_fields
 
@@ -81,6 +82,18 @@ def refreshed(status: Body, written: tuple[Any, ...] | None) -> list[Body]:
     return patch
 
 
+@dataclass(frozen=True, slots=True)
+class Leave:
+    """A job the core took off its lane, or out of its queue, on its own: back to Pending (``Requeued``), or
+    Failed with QueueTimeout (``Expired``)."""
+
+    view: JobView
+    notice: Expired | Requeued
+
+
+JobWrite = Refuse | DropFinalizer | Leave
+
+
 class Ended(Enum):
     WRITTEN = "written"  # our outcome stands
     LOST = "lost"  # the job left the phase we knew: someone else's outcome stands
@@ -98,6 +111,18 @@ class JobWrites:
         self.kube = kube
         self.clock = clock
         self.spawn = spawn
+
+    async def perform(self, write: JobWrite) -> None:
+        """One job's write that an event, or the core, asked for (``intake.py``)."""
+        match write:
+            case Refuse(body, refusal):
+                await self.refuse(body, refusal)
+            case DropFinalizer(namespace, name, finalizers):
+                await self.drop_finalizer(namespace, name, finalizers)
+            case Leave(view, Requeued() as notice):
+                await self.requeued(view, notice)
+            case Leave(view, Expired() as notice):
+                await self.expired(view, notice)
 
     async def refuse(self, body: Body, refusal: Refusal) -> None:
         """The job cannot be queued: Failed with the refusal's reason, and a Warning Event."""

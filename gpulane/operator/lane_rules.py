@@ -20,7 +20,7 @@ class Host(Protocol):
     observed: Observed
     status: StatusWriter
 
-    def apply(self, event: Event, woke_at: float | None = None) -> None: ...
+    def apply(self, event: Event) -> None: ...
 
 
 def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> None:
