@@ -22,7 +22,7 @@ from gpulane.core.events import Dispatch, Effect, Event, Expired, JobCancelled, 
 from gpulane.core.jobs import Job
 from gpulane.core.lanes import Running
 from gpulane.operator.intake import Admission, DropFinalizer, Refuse
-from gpulane.operator.translate import Arrivals, Refusal, job_from_body, job_key
+from gpulane.operator.translate import Arrivals, Refusal, job_from_body
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,12 @@ class JobView:
             # The shard that handed it here said so; this shard has it now, and its status says the rest.
             conditions=[c for c in status.get("conditions") or [] if c.get("reason") != HANDED_TO_SHARD],
         )
+
+
+def job_key(body: Body) -> str:
+    """A GpuJob's key in the table, and its core job's id: ``namespace/name``."""
+    meta = body["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"
 
 
 def lease_of(meta: Body) -> tuple[str, str] | None:
@@ -232,7 +238,8 @@ class JobTable:
     def enter(self, kind: str | None, body: Body, admission: Admission) -> Intake:
         """Read one watch event of a GpuJob against the table, move the table, and return what else follows."""
         meta, status = body["metadata"], body.get("status") or {}
-        seen, phase = self.get(job_key(body)), status.get("phase")
+        key, phase = job_key(body), status.get("phase")
+        seen = self.get(key)
         finalizers = list(meta.get("finalizers") or [])
         intake = Intake()
         if seen is not None and seen.uid != meta.get("uid", ""):  # deleted and created again under the same name
@@ -257,20 +264,20 @@ class JobTable:
             # that claims to be (someone with gpujobs/status rights wrote it) takes no lane and is failed.
             lane = str(status.get("lane"))[:63]
             why = f"its status claimed phase {phase} on lane {lane}, but the operator never dispatched it"
-            log.warning("not adopting %s: %s", job_key(body), why)
+            log.warning("not adopting %s: %s", key, why)
             intake.writes.append(Refuse(body, Refusal("NotDispatched", why)))
         elif seen is None:
-            self._admit(body, admission, intake)
+            self._admit(key, body, admission, intake)
         elif meta.get("deletionTimestamp"):
             self._cancel(seen, intake)
         return intake
 
-    def _admit(self, body: Body, admission: Admission, intake: Intake) -> None:
+    def _admit(self, key: str, body: Body, admission: Admission, intake: Intake) -> None:
         if (body.get("spec") or {}).get("model") in admission.elsewhere:  # its model is another shard's
             intake.handed = body
             return
         full = self.full(body, admission.pending_cap, admission.member_pending_cap)
-        result = full or job_from_body(body, admission.policy, admission.now, self.arrivals)
+        result = full or job_from_body(body, key, admission.policy, admission.now, self.arrivals)
         if isinstance(result, Refusal):
             intake.writes.append(Refuse(body, result))
             return

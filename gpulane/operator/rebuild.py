@@ -28,11 +28,11 @@ from gpulane.core.events import (
 from gpulane.kube.client import Gone, backoff, why
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.job_table import JobState, JobTable, JobView
+from gpulane.operator.job_table import JobState, JobTable, JobView, job_key
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.shards import Router
-from gpulane.operator.translate import Refusal, job_from_body, job_key
+from gpulane.operator.translate import Refusal, job_from_body
 
 log = logging.getLogger(__name__)
 
@@ -184,10 +184,10 @@ def _adoptable(body: Body) -> bool:
 def adopt(ctl: Host, body: Body) -> None:
     """A job found Dispatching or Running at the rebuild: it holds its lane's capacity again. (Once the
     operator runs, only its own dispatches are active: the controller fails any other that claims to be.)"""
-    status = body.get("status") or {}
-    result = job_from_body(body, None, ctl.clock())  # no policy check: it runs already, whatever the policy now says
+    status, key = body.get("status") or {}, job_key(body)
+    result = job_from_body(body, key, None, ctl.clock())  # no policy check: it runs already, whatever the policy says
     if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
-        log.error("cannot adopt %s: %s", job_key(body), result.message)
+        log.error("cannot adopt %s: %s", key, result.message)
         return
     lane = status.get("lane") or ""
     view = JobView.of(body, result)
@@ -207,7 +207,7 @@ def adopt(ctl: Host, body: Body) -> None:
         why = (f"its status says it was dispatched to lane {lane} at {status.get('dispatchedAt')}, which the lane's "
                "history does not record: the operator adopted it as it is; if no operator wrote that status, "
                "someone with the right to patch gpujobs/status did")  # fmt: skip
-        log.warning("%s: %s", job_key(body), why)
+        log.warning("%s: %s", key, why)
         ctl.spawn(ctl.kube.event(body, "DispatchUnrecorded", why, warning=True, now=ctl.clock()))
     runner.kick()
 

@@ -24,11 +24,6 @@ from gpulane.core.validation import describe
 DEFAULT_TIER = "free"  # of a job that names none (the webhook, when installed, always sets one)
 
 
-def job_key(body: Body) -> str:
-    meta = body["metadata"]
-    return f"{meta['namespace']}/{meta['name']}"
-
-
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why a GpuJob cannot be queued: a reason (CamelCase, for status.reason) and a message."""
@@ -81,8 +76,11 @@ class Arrivals:
             del self._latest[old]
 
 
-def job_from_body(body: Body, policy: Policy | None, seen: float, arrivals: Arrivals | None = None) -> Job | Refusal:
-    """The core job for a GpuJob first seen at ``seen``, or why it cannot be queued under ``policy``.
+def job_from_body(
+    body: Body, key: str, policy: Policy | None, seen: float, arrivals: Arrivals | None = None
+) -> Job | Refusal:
+    """The core job ``key`` (the table's, ``job_table.job_key``) for a GpuJob first seen at ``seen``, or why it
+    cannot be queued under ``policy``.
 
     Without a policy only the spec itself is checked: a job adopted after a restart keeps running
     even if the policy changed meanwhile.
@@ -101,7 +99,7 @@ def job_from_body(body: Body, policy: Policy | None, seen: float, arrivals: Arri
         if refusal is not None:
             return refusal
     return Job(
-        id=job_key(body),
+        id=key,
         model=spec.model,
         priority=priority,
         tier=spec.tier or DEFAULT_TIER,

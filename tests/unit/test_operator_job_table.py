@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch, JobAdopted, JobFinished, JobSubmitted, dispatches
 from gpulane.core.jobs import Job
-from gpulane.operator.job_table import JobState, JobTable, JobView
+from gpulane.operator.job_table import JobState, JobTable, JobView, job_key
 
 from .helpers import dispatcher
 
@@ -96,3 +96,7 @@ def test_adopted_jobs_hold_the_lane_the_core_adopted_them_on():
     assert table.on_lane("gpu-1", JobState.RUNNING) == [running]
     assert table.on_lane("gpu-1", JobState.ASSIGNED) == [loading]
     assert len(table) == 2
+
+
+def test_job_key_is_namespace_slash_name():
+    assert job_key({"metadata": {"name": "x", "namespace": "ns"}}) == "ns/x"

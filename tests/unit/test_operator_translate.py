@@ -11,11 +11,12 @@ from gpulane.core.jobs import Job, ModelSpec
 from gpulane.core.policy import Policy
 from gpulane.core.score import ScoreBreakdown
 from gpulane.core.validation import describe
+from gpulane.operator import translate
+from gpulane.operator.job_table import job_key
 from gpulane.operator.translate import (
+    Arrivals,
     Refusal,
     band_label,
-    job_from_body,
-    job_key,
     model_spec,
     score_fields,
 )
@@ -30,6 +31,11 @@ def body(spec: object, *, name: str = "job-1", namespace: str = "team-a", create
     if created is not None:
         meta["creationTimestamp"] = created
     return {"apiVersion": "gpulane.io/v1alpha1", "kind": "GpuJob", "metadata": meta, "spec": spec}
+
+
+def job_from_body(b: dict, policy: Policy | None, seen: float, arrivals: Arrivals | None = None) -> Job | Refusal:
+    """The translation under test, given the key the table gives the job."""
+    return translate.job_from_body(b, job_key(b), policy, seen, arrivals)
 
 
 def refusal(spec: object, policy: Policy | None = None) -> Refusal:
@@ -54,10 +60,6 @@ def test_valid_body_becomes_a_core_job():
         expected_run_seconds=None,
         team="team-a",  # its namespace: fair share's upper level
     )
-
-
-def test_job_key_is_namespace_slash_name():
-    assert job_key(body({"model": "m"}, name="x", namespace="ns")) == "ns/x"
 
 
 @pytest.mark.parametrize(
