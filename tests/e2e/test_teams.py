@@ -156,7 +156,9 @@ def test_a_reserved_lane_lends_itself_and_takes_its_owners_job_next(
         in_apps("borrower-2", "interactive")
         world.job("owner", model, priority="batch")
         world.wait_phase("owner", "Pending")
-        assert phase(apps, "borrower-2") == "Pending"  # no preemption: both wait for borrower-1
+        # No preemption: both wait for borrower-1. The two first positions land in either order, so borrower-2's
+        # is waited for too (it once had none yet when the owner's had landed).
+        wait_until(lambda: phase(apps, "borrower-2") == "Pending", what="borrower-2 waiting behind borrower-1")
         story = subprocess.run(  # the waiting owner is told why, and what it waits for
             [str(REPO / ".venv" / "bin" / "gpulane"), "why", "owner", "-n", owners], env={**cluster.env(),
              "KUBECONFIG": str(cluster.kubeconfig)}, capture_output=True, text=True, timeout=60, check=True,
