@@ -67,11 +67,13 @@ screenshots: install tools browser
 unit: install
 	$(BIN)/pytest -q -m 'not e2e'
 
+# The typed fakes' mypy run keeps a cache of its own: with the other run's options it would invalidate that
+# cache, and each run would take 19 s instead of about 1 warm.
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gpulane
-	$(BIN)/mypy --follow-imports=silent tests/unit/typed_fakes.py
+	$(BIN)/mypy --follow-imports=silent --cache-dir .mypy_cache/typed_fakes tests/unit/typed_fakes.py
 
 HELM = $$(hack/tools/build.sh --bindir)/helm
 # The chart linted and packaged into dist/ (gpulane-<version>.tgz), CRDs and dashboard included.
