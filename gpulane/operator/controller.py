@@ -231,12 +231,8 @@ class Controller:
         if seconds is not None:
             self.metrics.model_load.observe(seconds)
             self.history.loaded(lane, model, seconds, in_server)
-            self.learn(model, "switch" if in_server else "load")
+            learn(self.observed, self.dispatcher, self.status, model, "switch" if in_server else "load")
         self.status.lane_dirty(lane)
-
-    def learn(self, model: str, what: str) -> None:
-        if learn(self.observed, self.dispatcher, model, what):
-            self.status.model_dirty(model)
 
     def pod_gone(self, state: PodState) -> None:
         backends.pod_changed(self, state, gone=True)

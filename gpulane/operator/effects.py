@@ -34,6 +34,7 @@ from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
 from gpulane.operator.job_writes import QUEUE_TIMEOUT, JobWrite, JobWrites, Leave
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
+from gpulane.operator.models import learn
 from gpulane.operator.observed import Observed
 from gpulane.operator.retention import Expiries
 from gpulane.operator.shards import Router
@@ -56,7 +57,6 @@ class Host(Protocol):
     clock: Callable[[], float]
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    def learn(self, model: str, what: str) -> None: ...
     async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
 
 
@@ -108,7 +108,7 @@ def settle(ctl: Host, intake: Intake) -> None:
             runner.say("ModelUnloaded", runner.gave_back)
     for freed in intake.freed:
         if freed.run_seconds is not None:
-            ctl.learn(freed.view.model, "run")
+            learn(ctl.observed, ctl.dispatcher, ctl.status, freed.view.model, "run")
     for lane in dict.fromkeys([*(effect.lane for effect in effects), *(freed.lane for freed in intake.freed)]):
         if lane in ctl.lanes:
             ctl.lanes[lane].kick()
