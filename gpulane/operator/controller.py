@@ -4,8 +4,9 @@ A GpuJob's event is read by the table (``JobTable.enter``) into an ``Intake``: t
 and the records it asks for, as data; ``effects.settle`` applies it with the core's effects, in one place.
 Every core event is applied synchronously on the event loop, so the dispatcher never sees two events at
 once. API writes happen afterwards, in tasks: a job's writes are serialised by its lock (``job_writes``),
-and a lane's pod work by its ``LaneRunner``. Which job is where is kept by the ``JobTable`` alone. What
-the operator needs after a restart is on the API objects themselves (``rebuild``), never only in memory.
+and a lane's pod work by its ``LaneRunner``. Which lane a job holds only the core knows; the ``JobTable`` keeps
+what Kubernetes needs of each job. What the operator needs after a restart is on the API objects themselves
+(``rebuild``), never only in memory.
 """
 
 from __future__ import annotations
