@@ -22,12 +22,12 @@ slow machine (the test in ``make test`` runs one round):
   with no webhook installed (admission by policies), the webhook's kinds do not apply and are skipped;
 - ``kubelet``, ``containerd``: restarted on gpu-0, if possible while the real lane's pod serves a call.
 
-After each fault the bench waits until a job is dispatched again (at most ``--bound`` seconds), then a few
-seconds more. Every call and create that went wrong is put down with the fault in force then (the last one
-injected before it): refused (a create the cluster refused for being unavailable, a 429 or 503 to retry, or
-no bridge to connect to) or failed (taken, then lost: the backend failed, the connection dropped). At the
-end the arrivals stop, every job must end, and the operator's metrics must agree with the API. It prints a
-JSON report (with the seed) and exits non-zero when a promise broke.
+After each fault the bench waits until a job is dispatched again (at most ``--bound`` seconds), then ``--pause``
+seconds more (3 to 6, drawn; the test in ``make test`` takes 1 to 2). Every call and create that went wrong is put
+down with the fault in force then (the last one injected before it): refused (a create the cluster refused for
+being unavailable, a 429 or 503 to retry, or no bridge to connect to) or failed (taken, then lost: the backend
+failed, the connection dropped). At the end the arrivals stop, every job must end, and the operator's metrics must
+agree with the API. It prints a JSON report (with the seed) and exits non-zero when a promise broke.
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ class Chaos:
     def inject_in_rounds(self) -> None:
         order: list[str] = []
         rounds = 0
-        while not self.stop.wait(self.rng.uniform(3, 6)):
+        while not self.stop.wait(self.rng.uniform(*self.args.pause)):
             if not self.kinds:
                 continue
             if not order:
@@ -550,6 +550,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="kubectl jobs per second (Poisson)")
     parser.add_argument("--lease-seconds", type=int, default=6, help="the operators' Lease (leaderElection)")
     parser.add_argument("--outage-seconds", type=float, default=30.0, help="how long the webhook is away")
+    parser.add_argument(
+        "--pause", type=pause, default=(3.0, 6.0), help="seconds between a recovery and the next fault: MIN,MAX"
+    )
     parser.add_argument("--bound", type=float, default=45.0, help="most seconds from a fault to a dispatch")
     parser.add_argument(
         "--faults",
@@ -582,6 +585,17 @@ def main() -> None:
     report["machine"] = machine
     print(json.dumps(report, indent=1))
     sys.exit(0 if all(r["promises_kept"] for r in reports.values()) else 1)
+
+
+def pause(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    try:
+        bounds = (float(low), float(high or low))
+    except ValueError:
+        bounds = (1.0, 0.0)
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: MIN,MAX seconds with 0 <= MIN <= MAX")
+    return bounds
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

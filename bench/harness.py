@@ -40,6 +40,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_quiet(
+    operators: list[OperatorProcess], quiet: float = 3.0, busy_share: float = 0.05, timeout: float = 900.0
+) -> tuple[float, float, bool]:
+    """Until the operators have written nothing to the API and used under ``busy_share`` of a core for
+    ``quiet`` seconds, or ``timeout`` passes: a queue's first positions and forecast are done, so a timed
+    window measures steady dispatches. Returns the seconds waited, the API writes made meanwhile, and whether
+    they went quiet."""
+    pids = [o.proc.pid for o in operators if o.proc is not None]
+
+    def writes() -> float:  # a leader's Lease renewals go on all the time: not counted
+        counters = [(k, v) for o in operators for k, v in o.metrics().items()]
+        return sum(v for k, v in counters if k.startswith("gpulane_api_writes_total{") and 'kind="lease"' not in k)
+
+    started, first = time.monotonic(), writes()
+    last, cpu, calm = first, sum(map(cpu_seconds, pids)), 0.0
+    while calm < quiet:
+        if time.monotonic() - started > timeout:
+            return time.monotonic() - started, last - first, False
+        time.sleep(1.0)
+        now_writes, now_cpu = writes(), sum(map(cpu_seconds, pids))
+        calm = calm + 1.0 if now_writes == last and now_cpu - cpu < busy_share else 0.0
+        last, cpu = now_writes, now_cpu
+    return time.monotonic() - started, last - first, True
+
+
 def machine_ticks() -> dict[str, int]:
     """The machine's CPU time so far by state, in clock ticks (the first line of /proc/stat)."""
     names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
