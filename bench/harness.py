@@ -41,7 +41,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def wait_quiet(
-    operators: list[OperatorProcess], quiet: float = 3.0, busy_share: float = 0.05, timeout: float = 900.0
+    operators: list[OperatorProcess], quiet: float = 3.0, busy_share: float = 0.05, timeout: float = 600.0
 ) -> tuple[float, float, bool]:
     """Until the operators have written nothing to the API and used under ``busy_share`` of a core for
     ``quiet`` seconds, or ``timeout`` passes: a queue's first positions and forecast are done, so a timed
