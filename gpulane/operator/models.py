@@ -118,12 +118,18 @@ def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
     """Give the core this spec of the model, and let the jobs that waited for it queue."""
     observed = host.observed
     learned = observed.learned.setdefault(name, model_status_fields(body.get("status") or {}))
+    changed = observed.models.get(name) != spec
     observed.models[name] = spec
     observed.refused_models.pop(name, None)
     if observed.model_generations.get(name) != body["metadata"].get("generation"):
         observed.model_generations[name] = body["metadata"].get("generation")
         host.status.model_dirty(name)
-    host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.model(name), observed.lane_labels)))
+        changed = True
+    # A status alone changed: most often the operator's own write of what the core learned, which the core has
+    # (unrounded). Told again, the core would take the rounded figures and the next pass forecast the whole
+    # queue (seconds at 100,000 pending) for each learned run time written.
+    if changed:
+        host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.model(name), observed.lane_labels)))
     for view in host.jobs.unpark(name):
         refusal = policy_refusal(host.dispatcher.policy, view.job.priority, view.job.tier)
         if refusal is not None:  # the policy changed while it waited for its model
