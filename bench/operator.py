@@ -14,8 +14,9 @@ apiserver's share is measured side by side: the same write-then-watch round trip
 reacts to (a no-op status patch of a finished job). A dispatch needs two such trips (the completion
 reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
 operator's own part. The timing starts once every job shows its phase and the operator has gone quiet
-(3 s without an API write but its Lease's, under 5% of a core): a long queue's first positions are written
-by then, and the report says how long that took (``settled_after_seconds``).
+(3 s without an API write but its Lease's, under 5% of a core), or after 600 s: at 100,000 pending it never
+does (rounded positions are refreshed a few a second), and 600 s take it past the burst's first minutes. The
+report says which (``settled_after_seconds``, ``quiet_before_timing``).
 
 swap: a job for the other model than the one loaded, applied -> Running, on a lane on the real node gpu-0
 (the operator deletes the pod, waits until it is gone, creates the next one, and the kubelet's readiness
