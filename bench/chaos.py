@@ -588,13 +588,14 @@ def main() -> None:
 
 
 def pause(text: str) -> tuple[float, float]:
+    refused = argparse.ArgumentTypeError(f"{text!r}: MIN,MAX seconds with 0 <= MIN <= MAX")
     low, _, high = text.partition(",")
     try:
         bounds = (float(low), float(high or low))
     except ValueError:
-        bounds = (1.0, 0.0)
+        raise refused from None
     if not 0 <= bounds[0] <= bounds[1]:
-        raise argparse.ArgumentTypeError(f"{text!r}: MIN,MAX seconds with 0 <= MIN <= MAX")
+        raise refused
     return bounds
 
 
