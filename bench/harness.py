@@ -225,6 +225,7 @@ class PhaseWatch:
         self.namespace = namespace
         self.events: queue.Queue[tuple[float, str, str | None, dict[str, Any]]] = queue.Queue()
         self._stop = threading.Event()
+        self.seen = 0  # events taken from the watch so far, the awaited ones included
         rv = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "gpujobs")["metadata"]
         self._rv = rv["resourceVersion"]
         threading.Thread(target=self._run, daemon=True).start()
@@ -252,6 +253,7 @@ class PhaseWatch:
         deadline = time.monotonic() + timeout
         while True:
             at, name, phase, obj = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            self.seen += 1
             if test(name, phase, obj):
                 return at, name, obj
 

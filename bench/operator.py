@@ -109,10 +109,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         totals: list[float] = []
         trips: list[float] = []
+        others: list[int] = []  # other jobs' writes the watch delivered while each dispatch was awaited
         done: set[str] = set()
         for _ in range(args.jobs):
             finished = min(running)
-            t0 = time.monotonic()
+            t0, seen = time.monotonic(), watcher.seen
             world.complete(finished)
             running.discard(finished)
             done.add(finished)
@@ -120,6 +121,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                 lambda n, p, o: p == "Running" and n not in done and n not in running, timeout=60
             )
             totals.append(at - t0)
+            others.append(watcher.seen - seen - 2)  # not the completion's event, nor the Running one
             running.add(name)
             # The apiserver alone: the same write-then-watch trip on a finished job.
             t1 = time.monotonic()
@@ -164,6 +166,13 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                 if k.startswith("gpulane_api_writes_total{") and after[k] > 0
             },
             "operator_cpu_ms_per_dispatch": round(cpu / len(totals) * 1000, 1),
+            # Where the tail comes from: the slowest dispatches, the apiserver's trip right after each, and how
+            # many other jobs' writes (the operator's position rewrites) reached the watch meanwhile.
+            "slowest": [
+                {"ms": round(totals[i] * 1000, 1), "trip_ms": round(trips[i] * 1000, 1), "other_writes": others[i]}
+                for i in sorted(range(len(totals)), key=totals.__getitem__)[-3:][::-1]
+            ],
+            "other_writes_per_dispatch_p50": statistics.median(others),
             "operator_peak_rss_mib": max(peak_rss_mib(pid) for pid in pids),
         }
 
