@@ -40,6 +40,14 @@ class OrderedRanking:
     def pending(self) -> Iterator[Job]:
         return iter(self._jobs.values())
 
+    def waiting(self) -> dict[int, tuple[int, float]]:
+        """Per band index, how many wait and the earliest submission (the simulator's baselines: by walking them)."""
+        out: dict[int, tuple[int, float]] = {}
+        for job in self._jobs.values():
+            count, first = out.get(band := self.policy.band(job.priority), (0, math.inf))
+            out[band] = (count + 1, min(first, job.submitted_at))
+        return out
+
     def add(self, job: Job, seq: int) -> None:
         key = 0.0
         if self._priority:

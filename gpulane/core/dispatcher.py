@@ -208,6 +208,10 @@ class Dispatcher:
         """The waiting jobs, in arrival order."""
         return self.ranking.pending()
 
+    def waiting(self) -> dict[int, tuple[int, float]]:
+        """Per band index, how many jobs wait and the earliest submission among them, without walking them."""
+        return self.ranking.waiting()
+
     def score(self, job: Job, lane_id: str | None, now: float) -> ScoreBreakdown:
         """A waiting job's score at ``now`` on ``lane_id`` (its affinity is the lane's resident model's)."""
         lane = self.lanes.get(lane_id or "")

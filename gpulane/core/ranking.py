@@ -31,6 +31,7 @@ class Ranking(Protocol):
     def __len__(self) -> int: ...
     def __contains__(self, job_id: object) -> bool: ...
     def pending(self) -> Iterator[Job]: ...
+    def waiting(self) -> dict[int, tuple[int, float]]: ...
     def add(self, job: Job, seq: int) -> None: ...
     def remove(self, job_id: str) -> Job | None: ...
     def take(self, job: Job, now: float, charge: float = 0.0) -> float | None: ...
@@ -127,6 +128,16 @@ class FairShareRanking:
 
     def pending(self) -> Iterator[Job]:
         return (entry[0] for entry in self._jobs.values())
+
+    def waiting(self) -> dict[int, tuple[int, float]]:
+        """Per band index, how many jobs wait and the earliest submission among them. Read from the (member, band)
+        queues, whose oldest entry is always live (every removal refreshes its level), so that a metrics scrape
+        costs the members, not the jobs: walking them took 75 ms a scrape at 100,000 waiting."""
+        out: dict[int, tuple[int, float]] = {}
+        for level, live in self._live_in_level.items():
+            count, first = out.get(level[1], (0, math.inf))
+            out[level[1]] = (count + live, min(first, self._oldest[level][0][0]))
+        return out
 
     def add(self, job: Job, seq: int) -> None:
         level = (who := fair_share_member(job), self.policy.band(job.priority))

@@ -114,8 +114,8 @@ class Controller:
         """One pass: active jobs past a deadline end (``deadlines``), waiting ones past theirs expire and idle
         models unload (``effects``), finished jobs past their TTL go (``retention``); every lane looks again."""
         now = self.clock()
-        for view in self.jobs:
-            if view.active and not view.ending and (why := overdue(view, now, self.observed)) is not None:
+        for view, _ in self.jobs.holding():
+            if not view.ending and (why := overdue(view, now, self.observed)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
         effects.expire_due(self, now)
         for namespace, name, uid in self.expiries.due(now):

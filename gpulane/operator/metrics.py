@@ -17,7 +17,7 @@ from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch
 from gpulane.core.jobs import Job, fair_share_member
 from gpulane.core.ranking import MemberLevel
-from gpulane.operator.translate import band_label
+from gpulane.operator.translate import band_name
 
 # Waits run from seconds (interactive) to hours (a film's shots).
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 57600, float("inf"))
@@ -29,12 +29,9 @@ QueueSnapshot = Callable[[], dict[str, tuple[int, float]]]
 
 
 def queue_snapshot(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, float]]:
-    out: dict[str, tuple[int, float]] = {}
-    for job in dispatcher.pending():
-        band = band_label(job.priority, dispatcher.policy)
-        count, oldest = out.get(band, (0, 0.0))
-        out[band] = (count + 1, max(oldest, now - job.submitted_at))
-    return out
+    """Per band label, the jobs waiting and the oldest one's wait (the core's summary: a scrape walks no queue)."""
+    return {band_name(band, dispatcher.policy): (count, max(0.0, now - first))
+            for band, (count, first) in dispatcher.waiting().items()}  # fmt: skip
 
 
 class _QueueCollector(Collector):

@@ -157,7 +157,12 @@ def pinned_lanes(spec: GpuModelSpec, lane_labels: dict[str, dict[str, str]]) -> 
 
 def band_label(priority: int, policy: Policy) -> str:
     """The metric and status label of a priority's band: the band's centre, e.g. ``-100``, ``0``, ``100``."""
-    return str(policy.band(priority) * policy.band_spacing)
+    return band_name(policy.band(priority), policy)
+
+
+def band_name(band: int, policy: Policy) -> str:
+    """The same label, of a band by its index."""
+    return str(band * policy.band_spacing)
 
 
 def score_fields(score: ScoreBreakdown) -> dict[str, float]:

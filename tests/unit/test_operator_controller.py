@@ -30,7 +30,7 @@ from gpulane.kube.client import STATUS_WRITE_KINDS, Conflict, Gone
 from gpulane.operator import status as status_module
 from gpulane.operator.controller import Controller
 from gpulane.operator.history import HIDDEN_JOB, redacted
-from gpulane.operator.job_table import JobState
+from gpulane.operator.job_table import JobState, JobTable
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild
@@ -940,6 +940,28 @@ def test_deadline_fails_a_running_job_with_a_tested_patch():
         assert patch[0] == {"op": "test", "path": "/status/phase", "value": "Running"}
         assert {"op": "add", "path": "/status/phase", "value": "Failed"} in patch
         assert f"{NS}/j1" not in w.ctl.jobs and w.ctl.dispatcher.running == {}
+
+    asyncio.run(scenario())
+
+
+def test_the_tick_reads_the_jobs_on_lanes_not_the_whole_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: each second the tick looked at every job for a deadline, 40 ms of a second at 100,000 waiting
+    (py-spy on the operator). Only jobs holding a lane have one: it asks the core which those are."""
+
+    async def scenario() -> None:
+        w = World()
+        await w.warm("j1", maxRunSeconds=60)
+        for i in range(20):
+            w.submit(f"q{i:02d}")
+        await w.settle()
+
+        def walk(self: JobTable) -> None:
+            raise AssertionError("the tick walked every job")
+
+        monkeypatch.setattr(JobTable, "__iter__", walk)
+        w.clock.now += 61
+        await _one_tick(w)
+        assert w.kube.job("j1")["status"]["reason"] == "DeadlineExceeded"
 
     asyncio.run(scenario())
 
