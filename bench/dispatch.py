@@ -5,12 +5,13 @@ the operator's hot path. A new job is submitted after each decision so N stays c
 The baseline picks the same winner by rescoring every pending job, run in the same process
 so the ratio survives a noisy machine.
 
-    .venv/bin/python bench/dispatch.py [--pending 10000 100000] [--decisions 2000] [--repeat 5]
+    .venv/bin/python bench/dispatch.py [--pending 10000 100000] [--decisions 2000] [--repeat 5] [--teams 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import platform
 import random
@@ -27,30 +28,26 @@ TIERS = ["free", "pro", "max"]
 PRIORITIES = [-100, -100, 0, 0, 0, 100, 5, -3]
 
 
-def make_job(rng: random.Random, i: int, now: float, members: int) -> Job:
-    return Job(
-        f"job-{i}",
-        rng.choice(MODELS),
-        rng.choice(PRIORITIES),
-        rng.choice(TIERS),
-        f"member-{rng.randrange(members)}",
-        now,
-    )
+def make_job(rng: random.Random, i: int, now: float, members: int, teams: int = 0) -> Job:
+    member = rng.randrange(members)
+    job = Job(f"job-{i}", rng.choice(MODELS), rng.choice(PRIORITIES), rng.choice(TIERS), f"member-{member}", now)
+    # A member's team is fixed (its namespace, as the operator gives it); without --teams a job has no team.
+    return dataclasses.replace(job, team=f"team-{member % teams}") if teams else job
 
 
-def build(pending: int, members: int, seed: int) -> tuple[Dispatcher, list[float], random.Random]:
+def build(pending: int, members: int, seed: int, teams: int = 0) -> tuple[Dispatcher, list[float], random.Random]:
     rng = random.Random(seed)
     clock = [0.0]
     d = Dispatcher(Policy(), lambda: clock[0], ModelCatalog([ModelSpec(m) for m in MODELS]))
     d.handle(LaneUpdated("gpu-0", resident="sdxl"))
     for i in range(pending + 1):  # the first one starts running at once
         clock[0] = i * 0.5
-        d.handle(JobSubmitted(make_job(rng, i, clock[0], members)))
+        d.handle(JobSubmitted(make_job(rng, i, clock[0], members, teams)))
     return d, clock, rng
 
 
-def measure(pending: int, members: int, decisions: int, seed: int) -> list[float]:
-    d, clock, rng = build(pending, members, seed)
+def measure(pending: int, members: int, decisions: int, seed: int, teams: int = 0) -> list[float]:
+    d, clock, rng = build(pending, members, seed, teams)
     running = next(iter(d.running))
     samples = []
     gc.collect()
@@ -61,21 +58,21 @@ def measure(pending: int, members: int, decisions: int, seed: int) -> list[float
         [decision] = dispatches(d.handle(JobFinished(running)))
         samples.append((time.perf_counter_ns() - t0) / 1000)
         running = decision.job.id
-        for decision in dispatches(d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members)))):
+        for decision in dispatches(d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members, teams)))):
             running = decision.job.id  # the newcomer took the lane from a load that yielded
     gc.unfreeze()
     return samples
 
 
-def measure_rescoring(pending: int, members: int, decisions: int, seed: int) -> list[float]:
+def measure_rescoring(pending: int, members: int, decisions: int, seed: int, teams: int = 0) -> list[float]:
     """The baseline: score every pending job from scratch at each decision."""
-    d, clock, _ = build(pending, members, seed)
+    d, clock, _ = build(pending, members, seed, teams)
     ranking, lane = d.ranking, d.lanes["gpu-0"]
     samples = []
     for _ in range(decisions):
         clock[0] += 60
         t0 = time.perf_counter_ns()
-        max(ranking.pending(), key=lambda job: ranking.breakdown(job, lane.resident, clock[0]).total)
+        max(ranking.pending(), key=lambda job: ranking.breakdown(job, lane.affinity(d.models), clock[0]).total)
         samples.append((time.perf_counter_ns() - t0) / 1000)
     return samples
 
@@ -88,18 +85,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pending", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--members", type=int, default=500)
+    parser.add_argument("--teams", type=int, default=0, help="members in this many teams (0: each its own)")
     parser.add_argument("--decisions", type=int, default=2000)
-    parser.add_argument("--baseline-decisions", type=int, default=20)
+    parser.add_argument("--baseline-decisions", type=int, default=20, help="0 skips the rescoring baseline")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5, help="independent runs; the median of their medians")
     args = parser.parse_args()
-    print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members, 4 models")
+    teams = f" in {args.teams} teams" if args.teams else ""
+    print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members{teams}, 4 models")
     print(f"{'pending':>8} {'median us':>10} {'p99 us':>8} {'rescore median us':>18} {'ratio':>7}")
     for n in args.pending:
-        runs = [measure(n, args.members, args.decisions, args.seed + r) for r in range(args.repeat)]
+        runs = [measure(n, args.members, args.decisions, args.seed + r, args.teams) for r in range(args.repeat)]
         med = statistics.median(summary(run)[0] for run in runs)
         p99 = summary([x for run in runs for x in run])[1]
-        base, _ = summary(measure_rescoring(n, args.members, args.baseline_decisions, args.seed))
+        if not args.baseline_decisions:  # bench/versus.py: a base commit's core may not run this tree's baseline
+            print(f"{n:>8} {med:>10.1f} {p99:>8.1f} {'-':>18} {'-':>7}")
+            continue
+        base, _ = summary(measure_rescoring(n, args.members, args.baseline_decisions, args.seed, args.teams))
         print(f"{n:>8} {med:>10.1f} {p99:>8.1f} {base:>18.0f} {base / med:>6.0f}x")
 
 

@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(tree: Path, pending: int, decisions: int, repeat: int) -> float:
+def run(tree: Path, pending: int, decisions: int, repeat: int, teams: int) -> float:
     """The median decision time (us) of one ``bench/dispatch.py`` run against ``tree``'s gpulane."""
     args = [sys.executable, str(ROOT / "bench" / "dispatch.py"), "--pending", str(pending)]
-    args += ["--decisions", str(decisions), "--repeat", str(repeat), "--baseline-decisions", "2"]
+    args += ["--decisions", str(decisions), "--repeat", str(repeat), "--baseline-decisions", "0", "--teams", str(teams)]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run(args, env=env, cwd=tempfile.gettempdir(), check=True, capture_output=True, text=True)
     return float(out.stdout.strip().splitlines()[-1].split()[1])
@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--pending", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--teams", type=int, default=0, help="members in teams (a base from before 6ab552d has none)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -50,8 +51,8 @@ def main() -> None:
             old: list[float] = []
             new: list[float] = []
             for _ in range(args.rounds):
-                old.append(run(base, n, args.decisions, args.repeat))
-                new.append(run(ROOT, n, args.decisions, args.repeat))
+                old.append(run(base, n, args.decisions, args.repeat, args.teams))
+                new.append(run(ROOT, n, args.decisions, args.repeat, args.teams))
             ratio = statistics.median(b / a for a, b in zip(old, new, strict=True))
             spread = lambda xs: f"{min(xs):.1f}-{max(xs):.1f}"  # noqa: E731
             print(f"{n:>8} {spread(old):>18} {spread(new):>18} {ratio:>6.2f}x")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 # (-key, seq, unique counter, item, model, payload): the counter keeps comparisons away from the rest.
 Entry = tuple[float, int, int, Hashable, str, T]
@@ -29,6 +30,9 @@ class RankedIndex(Generic[T]):
         self._counter = itertools.count()
 
     def put(self, item: Hashable, model: str, key: float, seq: int, payload: T) -> None:
+        live = self._live.get(item)
+        if live is not None and live[0] == -key and live[1] == seq and live[5] is payload and live[4] == model:
+            return  # already there: re-ranking an unchanged item would only grow the heaps
         entry: Entry[T] = (-key, seq, next(self._counter), item, model, payload)
         self._live[item] = entry
         heapq.heappush(self._all, entry)
@@ -82,6 +86,10 @@ class RankedIndex(Generic[T]):
         top = self._peek(heap) if heap else None
         return None if top is None else (-top[0], top[1], top[5])
 
+    def models(self) -> Iterable[str]:
+        """The models it has held items of (some may have none left)."""
+        return self._by_model.keys()
+
     def copy(self) -> RankedIndex[T]:
         clone: RankedIndex[T] = RankedIndex()
         clone._all = list(self._all)
@@ -109,3 +117,11 @@ class RankedIndex(Generic[T]):
         for heap in by_model.values():
             heapq.heapify(heap)
         self._by_model = by_model
+
+
+def index_in(indexes: dict[K, RankedIndex[T]], key: K) -> RankedIndex[T]:
+    """The index under ``key``, made when missing (``setdefault`` would build one on every call)."""
+    index = indexes.get(key)
+    if index is None:
+        index = indexes[key] = RankedIndex()
+    return index

@@ -6,15 +6,17 @@ it is compared with, and the names of all of them, are in ``baselines.py``.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
 from gpulane.core.jobs import Job, fair_share_member
 from gpulane.core.policy import Policy
-from gpulane.core.ranked import RankedIndex
+from gpulane.core.ranked import RankedIndex, index_in
 from gpulane.core.score import ScoreBreakdown
+from gpulane.core.team_tops import TeamTops
 from gpulane.core.usage import NEGLIGIBLE, UsageLedger
 
 Best = tuple[float, int, Job]
@@ -100,11 +102,14 @@ class FairShareRanking:
         self.affinity_credit = policy.affinity_bonus * self._divisor  # GPU-seconds, under usage
         self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
         self._team_ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)  # (team, band)
+        # Asked at every decision and re-rank, and reading the policy's (pydantic) private mapping is slow.
+        self._teams = functools.lru_cache(maxsize=None)(policy.fair_share_team)
         self._team_of: dict[str, str | None] = {}  # fair_share_member -> its team (None: a team of one)
         self._weights: dict[str, tuple[float, float]] = {}  # member -> (its team's weight, its own)
         # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
         self._bands: dict[int, dict[str, RankedIndex[Job]]] = {}
+        self._tops = TeamTops()  # usage: the bands' teams ranked, so that a decision need not scan them
         self._own_key: dict[QueueKey, float] = {}
         self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
         # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
@@ -226,15 +231,24 @@ class FairShareRanking:
 
     def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None:
         """Set a (team, band)'s decayed usage as of ``at``: restores the tree's upper level after a restart."""
-        self._team_ledger.restore((team, self.policy.band(priority)), seconds, at)
+        band = self.policy.band(priority)
+        self._team_ledger.restore((team, band), seconds, at)
+        self._tops.touch(band, _tree_key("", team))
 
     def usage(self, now: float) -> dict[MemberLevel, float]:
         """Each (member, band)'s decayed GPU-seconds at ``now``, to persist (both modes keep it)."""
-        return self._ledger.snapshot(now)
+        return self._snapshot(self._ledger, now)
 
     def team_usage(self, now: float) -> dict[MemberLevel, float]:
         """Each (team, band)'s decayed GPU-seconds at ``now``, to persist."""
-        return self._team_ledger.snapshot(now)
+        return self._snapshot(self._team_ledger, now)
+
+    def _snapshot(self, ledger: UsageLedger[MemberLevel], now: float) -> dict[MemberLevel, float]:
+        had = len(ledger)
+        out = ledger.snapshot(now)
+        if len(out) < had:  # a clock decayed to nothing is dropped: rare, and every team is ranked anew
+            self._tops.touch_all(self._bands)
+        return out
 
     def best(
         self,
@@ -287,6 +301,7 @@ class FairShareRanking:
         clone._team_of = dict(self._team_of)
         clone._weights = dict(self._weights)
         clone._bands = {band: {t: index.copy() for t, index in teams.items()} for band, teams in self._bands.items()}
+        clone._tops = self._tops.copy()
         clone._own_key = dict(self._own_key)
         clone._jobs = dict(self._jobs)
         clone._live_seqs = set(self._live_seqs)
@@ -311,7 +326,11 @@ class FairShareRanking:
         return job, level
 
     def _usage_changed(self, level: MemberLevel) -> None:
-        if self._by_usage and level in self._oldest:
+        if not self._by_usage:
+            return
+        # The team's clock moved too, and its other members' heads are ranked among the teams by it.
+        self._tops.touch(level[1], _tree_key(level[0], self._team_of.get(level[0])))
+        if level in self._oldest:
             self._refresh_level(level)
 
     def _best_by_usage(
@@ -320,10 +339,13 @@ class FairShareRanking:
         """Each band's job by usage (an affine model's if affinity covers the gap), then the best of those by
         their own scores."""
         chosen: Best | None = None
+        scan = bool(excluded) or only is not None
+        if not scan:
+            self._tops.refresh(self._bands, self._in_tree)
         for band, teams in self._bands.items():
             if only is not None:
-                teams = {key: index for key, index in teams.items() if key in only}
-            top = self._band_pick(band, teams, affinity, bonus, now, excluded)
+                teams = {key: teams[key] for key in only if key in teams}
+            top = self._band_pick(band, teams, affinity, bonus, now, excluded, scan)
             if top is None:
                 continue
             job = top[2]
@@ -340,20 +362,16 @@ class FairShareRanking:
         bonus: float,
         now: float,
         excluded: frozenset[str],
+        scan: bool,
     ) -> Best | None:
         """The band's job under usage: the team that used least for its weight, its member that used least for
         its weight; or an affine model's best job, when its affinity beyond that job's covers what separates
-        them (of several, the one it carries furthest)."""
-        top: Best | None = None
-        local: dict[str, Best] = {}
-        for index in teams.values():
-            head = index.best(NO_AFFINITY, excluded)
-            if head is not None and _better(head := self._in_tree(head, band), top):
-                top = head
-            for model in affinity.keys() - excluded:
-                mine = index.best_of(model)
-                if mine is not None and _better(mine := self._in_tree(mine, band), local.get(model)):
-                    local[model] = mine
+        them (of several, the one it carries furthest). Read from the ranked teams, or with ``scan`` from each
+        of ``teams`` (a lane that some models are pinned away from, or that serves some teams only)."""
+        if scan:
+            top, local = self._scan_heads(band, teams, affinity.keys() - excluded, excluded)
+        else:
+            top, local = self._tops.heads(band, affinity.keys())
         if top is None:
             return top
         chosen, beaten = top, (top[0], top[1])
@@ -366,9 +384,26 @@ class FairShareRanking:
                 chosen, beaten = mine, (value, mine[1])
         return chosen
 
+    def _scan_heads(
+        self, band: int, teams: dict[str, RankedIndex[Job]], models: Iterable[str], excluded: frozenset[str]
+    ) -> tuple[Best | None, dict[str, Best]]:
+        top: Best | None = None
+        local: dict[str, Best] = {}
+        for index in teams.values():
+            head = index.best(NO_AFFINITY, excluded)
+            if head is not None and _better(head := self._in_tree(head, band), top):
+                top = head
+            for model in models:
+                mine = index.best_of(model)
+                if mine is not None and _better(mine := self._in_tree(mine, band), local.get(model)):
+                    local[model] = mine
+        return top, local
+
     def _in_tree(self, head: Best, band: int) -> Best:
         """A team's head ranked among the band's teams: its key with the team's usage clock for its member's."""
         job = head[2]
+        if job.team is None and self._weights[job.member] == (1.0, 1.0):
+            return head  # a team of one at weight 1: its team's clock is its own
         return head[0] + self._member_start(job, band) - self._team_start(job, band), head[1], job
 
     def _credited(self, local: Best, top: Best, band: int, bonus: float, share: float, now: float) -> float:
@@ -398,7 +433,7 @@ class FairShareRanking:
 
     def _team(self, job: Job) -> str | None:
         """The job's team in the tree: its namespace, or the team ``fairShareTeams`` puts its member in."""
-        return self.policy.fair_share_team(job.team, job.member)
+        return self._teams(job.team, job.member)
 
     def _weighted(self, clock: float | None, weight: float) -> float | None:
         """A usage clock for usage divided by ``weight``."""
@@ -454,6 +489,7 @@ class FairShareRanking:
         band, team = qkey[1], _tree_key(qkey[0], self._team_of[qkey[0]])
         teams = self._bands[band]
         teams[team].discard(qkey)
+        self._tops.touch(band, team)
         if not len(teams[team]):
             del teams[team]
             if not teams:
@@ -499,12 +535,13 @@ class FairShareRanking:
         if self._by_usage:
             self._own_key[qkey] = own
             team = _tree_key(level[0], self._team_of[level[0]])
-            index = self._bands.setdefault(level[1], {}).setdefault(team, RankedIndex())
+            index = index_in(self._bands.setdefault(level[1], {}), team)
             index.put(qkey, job.model, base * self._divisor - self._member_start(job, level[1]), seq, job)
+            self._tops.touch(level[1], team)
         else:
             self._heads.put(qkey, job.model, own, seq, job)
             team = _tree_key(level[0], self._team_of[level[0]])
-            self._team_heads.setdefault(team, RankedIndex()).put(qkey, job.model, own, seq, job)
+            index_in(self._team_heads, team).put(qkey, job.model, own, seq, job)
         if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
 

@@ -25,6 +25,9 @@ class UsageLedger(Generic[K]):
         self.half_life = half_life
         self._clocks: dict[K, float] = {}
 
+    def __len__(self) -> int:
+        return len(self._clocks)
+
     def __contains__(self, key: object) -> bool:
         return key in self._clocks
 
