@@ -148,6 +148,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         writes = sum(v for k, v in after.items() if k.startswith("gpulane_api_writes_total{"))
         # Each dispatch less twice the trip timed right after it: a tail the apiserver's slow moments leave unexplained.
         parts = [total - 2 * trip for total, trip in zip(totals, trips, strict=True)]
+        # How often the operator's loop woke its 50 ms probe late by more than each bound, while timed.
+        lag = "gpulane_event_loop_lag_seconds"
+        lag_n = after.get(f"{lag}_count", 0.0)
+        lag_over = {ms: round(lag_n - after.get(f'{lag}_bucket{{le="{le}"}}', 0.0))
+                    for ms, le in (("10", "0.01"), ("25", "0.025"), ("50", "0.05"), ("100", "0.1"))}  # fmt: skip
         return {
             "shards": args.shards,
             "lanes": args.lanes * args.shards,
@@ -178,6 +183,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                 for i in sorted(range(len(totals)), key=totals.__getitem__)[-3:][::-1]
             ],
             "other_writes_per_dispatch_p50": statistics.median(others),
+            "loop_lag_samples": round(lag_n),
+            "loop_lag_samples_over_ms": lag_over,
             "operator_peak_rss_mib": max(peak_rss_mib(pid) for pid in pids),
         }
 

@@ -7,6 +7,7 @@ the process is here, with its order of start and stop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ from kubernetes.aio import client
 
 from gpulane.kube.client import Kube
 from gpulane.kube.leader import Leadership
-from gpulane.operator import health
+from gpulane.operator import health, loop_lag
 from gpulane.operator.chains import Chains
 from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild
@@ -38,6 +39,7 @@ class Operator:
         self.controller: Controller | None = None
         self.chains: Chains | None = None
         self._health: web.AppRunner | None = None
+        self._lag: asyncio.Task[None] | None = None
 
     async def start(self, configuration: client.Configuration) -> None:
         """Build what is missing (kopf retries a failed startup: what a try made is kept), stand by until this
@@ -51,6 +53,7 @@ class Operator:
         ctl = self.controller
         if self._health is None:
             self._health = await health.serve(self.host, self.port, ctl.metrics.registry, self.ready)
+            self._lag = asyncio.create_task(loop_lag.probe(ctl.metrics.loop_lag.observe))
         assert self.kube is not None
         await self.leadership.win(self.kube, self._led)
         await rebuild(ctl)
@@ -80,3 +83,5 @@ class Operator:
             await self.kube.close()
         if self._health is not None:
             await self._health.cleanup()
+        if self._lag is not None:
+            self._lag.cancel()

@@ -23,6 +23,7 @@ from gpulane.operator.translate import band_name
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 57600, float("inf"))
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, float("inf"))
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, float("inf"))
 
 # (band label) -> (queue depth, oldest wait in seconds)
 QueueSnapshot = Callable[[], dict[str, tuple[int, float]]]
@@ -86,6 +87,12 @@ class Metrics:
             "gpulane_dispatch_latency_seconds",
             "From the event that freed room on a warm lane to the next job's Running write",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "gpulane_event_loop_lag_seconds",
+            "How late the operator's event loop woke a timer due every 50 ms: what holds the loop delays dispatches",
+            buckets=LAG_BUCKETS,
             registry=r,
         )
         self.api_writes = Counter("gpulane_api_writes_total", "Writes to the Kubernetes API", ["kind"], registry=r)

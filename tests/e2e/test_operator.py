@@ -297,6 +297,8 @@ def test_metrics_and_health(world: World, operator: OperatorProcess) -> None:
     )
     assert samples[writes] > before.get(writes, 0)
     assert any(k.startswith("gpulane_wait_seconds_bucket{band=") for k in samples)
+    # The loop's lag probe has been waking up since the operator started (twenty times a second).
+    assert samples["gpulane_event_loop_lag_seconds_count"] > before.get("gpulane_event_loop_lag_seconds_count", 0)
 
 
 def test_a_model_serving_two_jobs_at_once_runs_two_on_one_pod(world: World, operator: OperatorProcess) -> None:

@@ -1,0 +1,34 @@
+"""The event loop's lag probe (``operator/loop_lag.py``): a hold of the loop shows as a late wake-up of that size."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from gpulane.operator import loop_lag
+from gpulane.operator.metrics import Metrics
+
+
+def test_a_held_loop_is_recorded_as_late_by_about_the_hold() -> None:
+    async def scenario() -> list[float]:
+        seen: list[float] = []
+        task = asyncio.create_task(loop_lag.probe(seen.append, interval=0.02))
+        while len(seen) < 3:  # the probe runs
+            await asyncio.sleep(0.01)
+        before = len(seen)
+        time.sleep(0.2)  # something holds the loop: no await
+        while len(seen) == before:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return seen[before:]
+
+    late = asyncio.run(scenario())
+    assert late[0] >= 0.15, f"the 200 ms hold was recorded as {late[0] * 1000:.0f} ms late"
+
+
+def test_the_lag_is_a_histogram_of_the_operators_metrics() -> None:
+    metrics = Metrics(dict)
+    metrics.loop_lag.observe(0.03)
+    [family] = [m for m in metrics.registry.collect() if m.name == "gpulane_event_loop_lag_seconds"]
+    counts = {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert counts["0.025"] == 0 and counts["0.05"] == 1
