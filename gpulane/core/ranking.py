@@ -16,10 +16,10 @@ from gpulane.core.jobs import Job, fair_share_member
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex, index_in
 from gpulane.core.score import ScoreBreakdown
+from gpulane.core.team_tops import Best as Best  # re-exported: what every ranking picks
 from gpulane.core.team_tops import TeamTops
 from gpulane.core.usage import NEGLIGIBLE, UsageLedger
 
-Best = tuple[float, int, Job]
 MemberLevel = tuple[str, int]  # (member, band index)
 # On one lane, the models whose jobs get affinity, each with its share of the bonus in (0, 1]: 1 for a model
 # loaded there (no switch at all), less for one its server can load for less than a new pod costs.

@@ -1,9 +1,9 @@
 """Under fair share by usage, each band's teams ranked by the pick each would make, kept as the queue changes.
 
 A band's pick is the team that used the least for its weight, then its member that used the least. Scanning every
-team at each decision made a decision cost the number of members (9 ms at 500 members, each a team of one, for a
-target of 50 us). Instead each team's pick, ranked among the band's teams, and its best job of each model (what
-affinity weighs), sit in two ranked indexes. An event touches a few teams (a dispatch, a submission that heads a
+team at each decision made a decision cost the number of members (7.5 ms at 500 members, each a team of one, for
+about 50 us in the brief). Instead each team's pick, ranked among the band's teams, and its best job of each model
+(what affinity weighs), sit in two ranked indexes. An event touches a few teams (a dispatch, a submission that heads a
 queue, a usage correction) and only those are re-ranked, at the next decision. Whenever a team's entry can have
 moved, the ranking marks it with ``touch``; the order is then exactly what a scan of every team would give.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from gpulane.core.jobs import Job
 from gpulane.core.ranked import RankedIndex, index_in
 
-Best = tuple[float, int, Job]
+Best = tuple[float, int, Job]  # (value, seq, job): what a ranking picks
 # A team's best head (by its member's key) ranked among the band's teams: the same head with the team's clock.
 InTree = Callable[[Best, int], Best]
 
