@@ -58,6 +58,7 @@ class Ranking(Protocol):
 
 
 QueueKey = tuple[str, int, str]
+TEAM_CACHE = 4096  # (namespace, member) pairs whose team the ranking remembers
 _K = TypeVar("_K", MemberLevel, QueueKey)
 # A member queue's entry: ((-priority, submission), seq, job id); the oldest-job heap's: (submission, seq, id).
 QueueEntry = tuple[tuple[int, float], int, str]
@@ -102,8 +103,9 @@ class FairShareRanking:
         self.affinity_credit = policy.affinity_bonus * self._divisor  # GPU-seconds, under usage
         self._ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)
         self._team_ledger: UsageLedger[MemberLevel] = UsageLedger(policy.fair_share_half_life_seconds)  # (team, band)
-        # Asked at every decision and re-rank, and reading the policy's (pydantic) private mapping is slow.
-        self._teams = functools.lru_cache(maxsize=None)(policy.fair_share_team)
+        # Asked at every decision and re-rank, and reading the policy's (pydantic) private mapping is slow. Bounded:
+        # member names come from callers, and one who invents a new name per call must not grow it without end.
+        self._teams = functools.lru_cache(maxsize=TEAM_CACHE)(policy.fair_share_team)
         self._team_of: dict[str, str | None] = {}  # fair_share_member -> its team (None: a team of one)
         self._weights: dict[str, tuple[float, float]] = {}  # member -> (its team's weight, its own)
         # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpulane.core.jobs import Job
 from gpulane.core.policy import Policy
-from gpulane.core.ranking import NO_AFFINITY, FairShareRanking
+from gpulane.core.ranking import NO_AFFINITY, TEAM_CACHE, FairShareRanking
 
 MEMBERS = {"ann": "lab", "ben": "lab", "cai": "lab", "dan": None, "eve": "ops", "fay": None}
 MODELS = "abc"
@@ -87,3 +87,11 @@ def test_a_decision_ranks_the_teams_it_touched_not_every_team():
         assert best is not None
         ranking.take(best[2], 1000.0 + n, 60.0)
         assert len(ranked) <= 2 * (1 + len(MODELS)), f"decision {n} ranked {len(ranked)} heads"
+
+
+def test_members_invented_per_call_do_not_grow_the_team_lookup_without_end():
+    ranking = FairShareRanking(POLICY)
+    for seq in range(1, TEAM_CACHE + 501):
+        ranking.add(Job(f"j{seq}", "a", 0, "free", f"made-up-{seq}", float(seq), team="lab"), seq)
+        ranking.best(NO_AFFINITY, float(seq))
+    assert ranking._teams.cache_info().currsize == TEAM_CACHE
