@@ -23,7 +23,7 @@ from gpulane.operator.translate import band_name
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 28800, 57600, float("inf"))
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, float("inf"))
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, float("inf"))
-LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, float("inf"))
+LAG_BUCKETS = (0.001, *LATENCY_BUCKETS)  # a loop held even a millisecond is worth seeing
 
 # (band label) -> (queue depth, oldest wait in seconds)
 QueueSnapshot = Callable[[], dict[str, tuple[int, float]]]
