@@ -40,7 +40,7 @@ from gpulane.core.events import (
     Unloaded,
     UsageRestored,
 )
-from gpulane.core.jobs import Job, ModelCatalog, ModelSpec, fair_share_member
+from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.lanes import Charge, Lane, LaneState, Running
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.ranking import NO_AFFINITY, MemberLevel, Ranking
@@ -291,7 +291,7 @@ class Dispatcher:
         lane.resident, lane.loading_since, lane.idle_since = job.model, None, None
         lane.server = self.models.get(job.model).server
         lane.running[job.id] = Running(job, lane_id, started_at)
-        self.ranking.note_served(fair_share_member(job), job.priority, started_at)
+        self.ranking.note_served(job.account, job.priority, started_at)
 
     def _update_lane(self, lane_id: str, online: bool, resident: str | None, loaded: frozenset[str] | None) -> None:
         lane = self.lanes.setdefault(lane_id, Lane(lane_id))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,12 +22,14 @@ class Job:
     queue_timeout_seconds: float | None = None
     # The team its member belongs to under fair share (the operator: the job's namespace); None: a team of one.
     team: str | None = None
+    # Who fair share counts its usage for: its member inside its team (``team/member``; a user's jobs in two
+    # namespaces are two members, as in Slurm's associations), or the member alone without a team. Derived once
+    # (the ranking reads it at every step) and interned, so that a member's jobs share one string.
+    account: str = field(init=False, repr=False)
 
-
-def fair_share_member(job: Job) -> str:
-    """Who fair share counts a job's usage for: its member inside its team (``team/member``; a user's jobs in
-    two namespaces are two members, as in Slurm's associations), or the member alone without a team."""
-    return job.member if job.team is None else f"{job.team}/{job.member}"
+    def __post_init__(self) -> None:
+        account = self.member if self.team is None else sys.intern(f"{self.team}/{self.member}")
+        object.__setattr__(self, "account", account)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
-from gpulane.core.jobs import Job, fair_share_member
+from gpulane.core.jobs import Job
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex, index_in
 from gpulane.core.score import ScoreBreakdown
@@ -106,7 +106,7 @@ class FairShareRanking:
         # Asked at every decision and re-rank, and reading the policy's (pydantic) private mapping is slow. Bounded:
         # member names come from callers, and one who invents a new name per call must not grow it without end.
         self._teams = functools.lru_cache(maxsize=TEAM_CACHE)(policy.fair_share_team)
-        self._team_of: dict[str, str | None] = {}  # fair_share_member -> its team (None: a team of one)
+        self._team_of: dict[str, str | None] = {}  # Job.account -> its team (None: a team of one)
         self._weights: dict[str, tuple[float, float]] = {}  # member -> (its team's weight, its own)
         # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
@@ -147,7 +147,7 @@ class FairShareRanking:
         return out
 
     def add(self, job: Job, seq: int) -> None:
-        level = (who := fair_share_member(job), self.policy.band(job.priority))
+        level = (who := job.account, self.policy.band(job.priority))
         self._team_of[who] = team = self._team(job)
         self._weights[who] = self.policy.fair_share_weights.of(team, job.member)
         base = job.priority + self.policy.bonus_for_tier(job.tier)
@@ -196,7 +196,7 @@ class FairShareRanking:
 
     def untake(self, job: Job, seq: int, at: float, charge: float, served_before: float | None) -> None:
         """Undo ``take(job, at, charge)``: the job waits again in its place, its member as if never served."""
-        level = (fair_share_member(job), self.policy.band(job.priority))
+        level = (job.account, self.policy.band(job.priority))
         if self._last_dispatch.get(level, at) == at:  # nobody in the level was served since
             if served_before is None:
                 self._last_dispatch.pop(level, None)
@@ -219,7 +219,7 @@ class FairShareRanking:
 
     def correct_usage(self, job: Job, start: float, charged: float, used: float) -> None:
         """A job dispatched at ``start`` and charged ``charged`` GPU-seconds held its lane ``used``."""
-        level = (fair_share_member(job), self.policy.band(job.priority))
+        level = (job.account, self.policy.band(job.priority))
         self._ledger.correct_run(level, charged, used, start)
         if (team := self._team(job)) is not None:
             self._team_ledger.correct_run((team, level[1]), charged, used, start)
@@ -278,7 +278,7 @@ class FairShareRanking:
     def breakdown(self, job: Job, affinity: Affinity, now: float) -> ScoreBreakdown:
         # Aging is negative for a member's job that sits its submission gap behind the member's
         # oldest waiting job, right after the member was served; reported as ranked.
-        level = (fair_share_member(job), self.policy.band(job.priority))
+        level = (job.account, self.policy.band(job.priority))
         return ScoreBreakdown(
             priority=job.priority,
             tier=self.policy.bonus_for_tier(job.tier),
@@ -351,7 +351,7 @@ class FairShareRanking:
             if top is None:
                 continue
             job = top[2]
-            value = self._own_key[(fair_share_member(job), band, job.model)] + bonus * affinity.get(job.model, 0.0)
+            value = self._own_key[(job.account, band, job.model)] + bonus * affinity.get(job.model, 0.0)
             if chosen is None or value > chosen[0] or (value == chosen[0] and top[1] < chosen[1]):
                 chosen = (value, top[1], job)
         return chosen
@@ -415,8 +415,8 @@ class FairShareRanking:
         whichever is more."""
         job, other = local[2], top[2]
         mine, credit = local[0], bonus
-        who = fair_share_member(job)
-        if who != fair_share_member(other):
+        who = job.account
+        if who != other.account:
             level = (who, band)
             team = self._team(job)
             if team is None or team != self._team(other):
@@ -445,13 +445,13 @@ class FairShareRanking:
         return self._weighted(self._ledger.clock(level), self._weights[level[0]][1])
 
     def _member_start(self, job: Job, band: int) -> float:
-        level = (fair_share_member(job), band)
+        level = (job.account, band)
         return self._usage_start(job, level, self._member_clock(level))
 
     def _team_start(self, job: Job, band: int) -> float:
         """The member's queue clock at the tree's upper level: its team's usage for its weight (a member
         without a team: its own usage for its own weight)."""
-        level = (fair_share_member(job), band)
+        level = (job.account, band)
         team = self._team(job)
         clock = self._ledger.clock(level) if team is None else self._team_ledger.clock((team, band))
         return self._usage_start(job, level, self._weighted(clock, self._weights[level[0]][0]))

@@ -43,7 +43,6 @@ from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics, queue_snapshot
-from gpulane.operator.models import learn
 from gpulane.operator.nodes import lane_node_problem
 from gpulane.operator.observed import Observed
 from gpulane.operator.retention import Expiries
@@ -232,7 +231,7 @@ class Controller:
         if seconds is not None:
             self.metrics.model_load.observe(seconds)
             self.history.loaded(lane, model, seconds, in_server)
-            learn(self.observed, self.dispatcher, self.status, model, "switch" if in_server else "load")
+            self.status.learned(model, "switch" if in_server else "load")
         self.status.lane_dirty(lane)
 
     def pod_gone(self, state: PodState) -> None:

@@ -34,7 +34,6 @@ from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
 from gpulane.operator.job_writes import QUEUE_TIMEOUT, JobWrite, JobWrites, Leave
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.metrics import Metrics
-from gpulane.operator.models import learn
 from gpulane.operator.observed import Observed
 from gpulane.operator.retention import Expiries
 from gpulane.operator.shards import Router
@@ -108,7 +107,7 @@ def settle(ctl: Host, intake: Intake) -> None:
             runner.say("ModelUnloaded", runner.gave_back)
     for freed in intake.freed:
         if freed.run_seconds is not None:
-            learn(ctl.observed, ctl.dispatcher, ctl.status, freed.view.model, "run")
+            ctl.status.learned(freed.view.model, "run")
     for lane in dict.fromkeys([*(effect.lane for effect in effects), *(freed.lane for freed in intake.freed)]):
         if lane in ctl.lanes:
             ctl.lanes[lane].kick()

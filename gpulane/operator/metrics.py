@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import Dispatch
-from gpulane.core.jobs import Job, fair_share_member
+from gpulane.core.jobs import Job
 from gpulane.core.ranking import MemberLevel
 from gpulane.operator.translate import band_name
 
@@ -60,7 +60,7 @@ def chargeable(job: Job, usage: dict[MemberLevel, float]) -> str:
     for (who, _band), seconds in usage.items():
         totals[who] = totals.get(who, 0.0) + seconds
     top = heapq.nlargest(TOP_MEMBERS, totals, key=totals.__getitem__)
-    return job.member if fair_share_member(job) in top else "other"
+    return job.member if job.account in top else "other"
 
 
 class Metrics:

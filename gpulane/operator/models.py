@@ -35,23 +35,6 @@ def model_status_fields(status: Body) -> dict[str, float]:
     return {k: status[k] for k in LEARNED_FIELDS if k in status}
 
 
-def learn(observed: Observed, dispatcher: Dispatcher, status: StatusWriter, model: str, what: str) -> None:
-    """Bring the model's learned status in step with what the core has just learned from a ``load``, a
-    ``switch`` (a load by the lane's running server) or a ``run``, and have it written; nothing for a model
-    that has no GpuModel (any more)."""
-    if model not in observed.models:
-        return
-    spec = dispatcher.model(model)
-    stats = observed.learned.setdefault(model, {})
-    stats["loadSeconds"] = round(spec.load_seconds, 3)
-    stats["runSeconds"] = round(spec.run_seconds, 3)
-    if spec.switch_seconds is not None:
-        stats["switchSeconds"] = round(spec.switch_seconds, 3)
-    count = {"load": "loads", "switch": "switches"}.get(what, "runs")
-    stats[count] = stats.get(count, 0) + 1
-    status.model_dirty(model)
-
-
 class Host(Protocol):
     dispatcher: Dispatcher
     observed: Observed

@@ -253,6 +253,6 @@ def served_clocks(lanes: list[Body], jobs: list[Body]) -> list[tuple[str, int, f
         if at is None or "priority" not in score:
             continue
         namespace = body["metadata"]["namespace"]
-        key = (f"{namespace}/{spec.get('member') or namespace}", int(score["priority"]))  # core.jobs.fair_share_member
+        key = (f"{namespace}/{spec.get('member') or namespace}", int(score["priority"]))  # core.jobs.Job.account
         clocks[key] = max(at, clocks.get(key, at))
     return [(member, priority, at) for (member, priority), at in clocks.items()]

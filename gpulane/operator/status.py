@@ -169,6 +169,22 @@ class StatusWriter:
     def model_dirty(self, model: str) -> None:
         self._models.add(model)
 
+    def learned(self, model: str, what: str) -> None:
+        """Bring the model's learned status in step with what the core has just learned from a ``load``, a
+        ``switch`` (a load by the lane's running server) or a ``run``, and have it written; nothing for a model
+        that has no GpuModel (any more)."""
+        if model not in self.host.observed.models:
+            return
+        spec = self.host.dispatcher.model(model)
+        stats = self.host.observed.learned.setdefault(model, {})
+        stats["loadSeconds"] = round(spec.load_seconds, 3)
+        stats["runSeconds"] = round(spec.run_seconds, 3)
+        if spec.switch_seconds is not None:
+            stats["switchSeconds"] = round(spec.switch_seconds, 3)
+        count = {"load": "loads", "switch": "switches"}.get(what, "runs")
+        stats[count] = stats.get(count, 0) + 1
+        self.model_dirty(model)
+
     def lane_seen(self, lane: str, status: Body) -> None:
         """A lane first seen: its conditions as its status shows them (their transition times carry on)."""
         self._lane_conditions[lane] = list(status.get("conditions") or [])
