@@ -106,8 +106,10 @@ class FairShareRanking:
         # Asked at every decision and re-rank, and reading the policy's (pydantic) private mapping is slow. Bounded:
         # member names come from callers, and one who invents a new name per call must not grow it without end.
         self._teams = functools.lru_cache(maxsize=TEAM_CACHE)(policy.fair_share_team)
-        self._team_of: dict[str, str | None] = {}  # Job.account -> its team (None: a team of one)
-        self._weights: dict[str, tuple[float, float]] = {}  # member -> (its team's weight, its own)
+        # Of each member with a job waiting (Job.account), forgotten with its last job: names come from callers.
+        self._team_of: dict[str, str | None] = {}  # its team (None: a team of one)
+        self._weights: dict[str, tuple[float, float]] = {}  # its team's weight, its own
+        self._held: dict[str, int] = {}  # how many of its jobs wait
         # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
         self._bands: dict[int, dict[str, RankedIndex[Job]]] = {}
@@ -150,6 +152,7 @@ class FairShareRanking:
         level = (who := job.account, self.policy.band(job.priority))
         self._team_of[who] = team = self._team(job)
         self._weights[who] = self.policy.fair_share_weights.of(team, job.member)
+        self._held[who] = self._held.get(who, 0) + 1
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._jobs[job.id] = (job, seq, level, base)
         self._live_seqs.add(seq)
@@ -223,13 +226,13 @@ class FairShareRanking:
         self._ledger.correct_run(level, charged, used, start)
         if (team := self._team(job)) is not None:
             self._team_ledger.correct_run((team, level[1]), charged, used, start)
-        self._usage_changed(level)
+        self._usage_changed(level, team)
 
     def restore_usage(self, member: str, priority: int, seconds: float, at: float) -> None:
         """Set a (member, band)'s decayed usage as of ``at``: restores fair share after a restart."""
         level = (member, self.policy.band(priority))
         self._ledger.restore(level, seconds, at)
-        self._usage_changed(level)
+        self._usage_changed(level, self._team_of.get(member))  # a member without a job waiting heads no team
 
     def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None:
         """Set a (team, band)'s decayed usage as of ``at``: restores the tree's upper level after a restart."""
@@ -302,6 +305,7 @@ class FairShareRanking:
         clone._team_ledger = self._team_ledger.copy()
         clone._team_of = dict(self._team_of)
         clone._weights = dict(self._weights)
+        clone._held = dict(self._held)
         clone._bands = {band: {t: index.copy() for t, index in teams.items()} for band, teams in self._bands.items()}
         clone._tops = self._tops.copy()
         clone._own_key = dict(self._own_key)
@@ -325,13 +329,14 @@ class FairShareRanking:
         self._no_fair_share.discard(job_id)
         self._live_in_queue[(*level, job.model)] -= 1
         self._live_in_level[level] -= 1
+        self._held[level[0]] -= 1
         return job, level
 
-    def _usage_changed(self, level: MemberLevel) -> None:
+    def _usage_changed(self, level: MemberLevel, team: str | None) -> None:
         if not self._by_usage:
             return
         # The team's clock moved too, and its other members' heads are ranked among the teams by it.
-        self._tops.touch(level[1], _tree_key(level[0], self._team_of.get(level[0])))
+        self._tops.touch(level[1], _tree_key(level[0], team))
         if level in self._oldest:
             self._refresh_level(level)
 
@@ -404,7 +409,7 @@ class FairShareRanking:
     def _in_tree(self, head: Best, band: int) -> Best:
         """A team's head ranked among the band's teams: its key with the team's usage clock for its member's."""
         job = head[2]
-        if job.team is None and self._weights[job.member] == (1.0, 1.0):
+        if job.team is None and self._weights[job.account] == (1.0, 1.0):
             return head  # a team of one at weight 1: its team's clock is its own
         return head[0] + self._member_start(job, band) - self._team_start(job, band), head[1], job
 
@@ -486,6 +491,11 @@ class FairShareRanking:
             return job.submitted_at
         return max(job.submitted_at, clock + job.submitted_at - self._oldest[level][0][0])
 
+    def _drop_if_idle(self, member: str) -> None:
+        """Forget a member whose last job left, once its heads are out of the indexes that read its team."""
+        if not self._held[member]:
+            del self._held[member], self._team_of[member], self._weights[member]
+
     def _unlist(self, qkey: QueueKey) -> None:
         """Take an emptied member queue's head out of its band's team index."""
         band, team = qkey[1], _tree_key(qkey[0], self._team_of[qkey[0]])
@@ -528,9 +538,11 @@ class FairShareRanking:
                 self._team_heads[team].discard(qkey)
                 if not len(self._team_heads[team]):
                     del self._team_heads[team]
+                self._drop_if_idle(qkey[0])
                 return
             del self._own_key[qkey]
             self._unlist(qkey)
+            self._drop_if_idle(qkey[0])
             return
         job, seq, level, base = self._jobs[queue[0][2]]
         own = base * self._divisor - self._aging_start(job, level)

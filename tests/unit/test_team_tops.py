@@ -70,6 +70,7 @@ def test_the_indexed_pick_is_the_scans_after_every_change(seed):
             ranking.team_usage(now)
         agree(ranking, now)
         agree(ranking.copy(), now)
+        assert ranking._team_of.keys() == {job.account for job in waiting}, "a member is kept while a job waits"
 
 
 def test_a_decision_ranks_the_teams_it_touched_not_every_team():
@@ -95,3 +96,21 @@ def test_members_invented_per_call_do_not_grow_the_team_lookup_without_end():
         ranking.add(Job(f"j{seq}", "a", 0, "free", f"made-up-{seq}", float(seq), team="lab"), seq)
         ranking.best(NO_AFFINITY, float(seq))
     assert ranking._teams.cache_info().currsize == TEAM_CACHE
+
+
+def test_members_invented_per_call_are_forgotten_with_their_last_job():
+    """A trusted caller naming a new member per call: what the ranking keeps of each goes once its jobs have,
+    and a correction that comes after still re-ranks the team, which the property test above checks."""
+    ranking = FairShareRanking(POLICY)
+    for seq in range(1, 2001):
+        job = Job(f"j{seq}", "a", 0, "free", f"made-up-{seq}", float(seq), team="lab")
+        ranking.add(job, seq)
+        ranking.take(job, float(seq), 60.0)
+        ranking.correct_usage(job, float(seq), 60.0, 30.0)
+    two = [Job(f"k{n}", "b", 0, "free", "ann", 3000.0 + n, team="lab") for n in range(2)]
+    for n, job in enumerate(two):
+        ranking.add(job, 3000 + n)
+    ranking.remove("k0")
+    assert ranking._team_of == {"lab/ann": "lab"} and ranking._weights.keys() == {"lab/ann"}
+    ranking.remove("k1")
+    assert not ranking._team_of and not ranking._weights and not ranking._held
