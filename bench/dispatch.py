@@ -6,6 +6,9 @@ The baseline picks the same winner by rescoring every pending job, run in the sa
 so the ratio survives a noisy machine.
 
     .venv/bin/python bench/dispatch.py [--pending 10000 100000] [--decisions 2000] [--repeat 5] [--teams 5]
+
+With ``--forks K`` it times instead the fork each forecast pass of the operator starts from (``Dispatcher.fork``,
+the copy made and dropped), K times at each size.
 """
 
 from __future__ import annotations
@@ -77,6 +80,21 @@ def measure_rescoring(pending: int, members: int, decisions: int, seed: int, tea
     return samples
 
 
+def measure_forks(pending: int, members: int, forks: int, seed: int, teams: int = 0) -> list[float]:
+    """Milliseconds to fork the dispatcher and drop the fork again (its deallocation is the loop's too)."""
+    d, clock, _ = build(pending, members, seed, teams)
+    samples = []
+    gc.collect()
+    gc.freeze()
+    for _ in range(forks):
+        t0 = time.perf_counter_ns()
+        fork = d.fork(lambda: clock[0])
+        del fork
+        samples.append((time.perf_counter_ns() - t0) / 1e6)
+    gc.unfreeze()
+    return samples
+
+
 def summary(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), statistics.quantiles(samples, n=100)[98]
 
@@ -90,7 +108,15 @@ def main() -> None:
     parser.add_argument("--baseline-decisions", type=int, default=20, help="0 skips the rescoring baseline")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5, help="independent runs; the median of their medians")
+    parser.add_argument("--forks", type=int, default=0, help="time this many forks at each size instead")
     args = parser.parse_args()
+    if args.forks:
+        print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members, 4 models")
+        print(f"{'pending':>8} {'fork median ms':>15} {'max ms':>8}")
+        for n in args.pending:
+            forks = measure_forks(n, args.members, args.forks, args.seed, args.teams)
+            print(f"{n:>8} {statistics.median(forks):>15.2f} {max(forks):>8.2f}")
+        return
     teams = f" in {args.teams} teams" if args.teams else ""
     print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members{teams}, 4 models")
     print(f"{'pending':>8} {'median us':>10} {'p99 us':>8} {'rescore median us':>18} {'ratio':>7}")

@@ -116,7 +116,7 @@ class OrderedRanking:
     def alternatives(self, affinity: Affinity, winner: Job, now: float) -> dict[str, str]:
         return {}
 
-    def copy(self) -> OrderedRanking:
+    def copy(self, explain: bool = True) -> OrderedRanking:
         clone = OrderedRanking(
             self.name, self.policy, priority=self._priority, aging=self._aging, resident_bonus=self._bonus
         )

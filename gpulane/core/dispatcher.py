@@ -516,7 +516,7 @@ class Dispatcher:
 
     def fork(self, clock: Clock) -> Dispatcher:
         """An independent copy on another clock, for forecasts (explanations off)."""
-        clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(), explain=False)
+        clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(explain=False), explain=False)
         clone.lanes = {k: v.copy() for k, v in self.lanes.items()}
         clone._seq = self._seq
         clone._deadlines = dict(self._deadlines)

@@ -54,7 +54,10 @@ class Ranking(Protocol):
     ) -> Best | None: ...
     def breakdown(self, job: Job, affinity: Affinity, now: float) -> ScoreBreakdown: ...
     def alternatives(self, affinity: Affinity, winner: Job, now: float) -> dict[str, str]: ...
-    def copy(self) -> Ranking: ...
+    def copy(self, explain: bool = True) -> Ranking:
+        """An independent copy; ``explain=False``: one that cannot give ``alternatives`` (a forecast's), without
+        what only they read."""
+        ...
 
 
 QueueKey = tuple[str, int, str]
@@ -125,6 +128,8 @@ class FairShareRanking:
         self._live_in_level: dict[MemberLevel, int] = {}
         self._models: dict[MemberLevel, set[str]] = {}
         self._last_dispatch: dict[MemberLevel, float] = {}
+        # Read only by ``alternatives``: a forecast's copy keeps neither (at 100,000 waiting, a third of its cost).
+        self._explain = True
         self._heads_no_aging: RankedIndex[Job] = RankedIndex()
         self._team_heads: dict[str, RankedIndex[Job]] = {}  # turns: the heads again by team (reserved lanes)
         self._no_fair_share: RankedIndex[Job] = RankedIndex()
@@ -170,7 +175,8 @@ class FairShareRanking:
             self._refresh_level(level)  # every clock in the level is measured from the oldest job
         elif queue[0][1] == seq:
             self._refresh_head(qkey)
-        self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
+        if self._explain:
+            self._no_fair_share.put(job.id, job.model, base * self._divisor - job.submitted_at, seq, job)
 
     def remove(self, job_id: str) -> Job | None:
         if job_id not in self._jobs:
@@ -291,6 +297,8 @@ class FairShareRanking:
 
     def alternatives(self, affinity: Affinity, winner: Job, now: float) -> dict[str, str]:
         """The winner without each term; a term appears only where it changed the winner."""
+        if not self._explain:
+            raise ValueError("this copy of the ranking keeps no alternatives (copy(explain=False))")
         bonus = self.policy.affinity_bonus
         candidates = {
             "aging": self._heads_no_aging.best({m: share * bonus for m, share in affinity.items()}),
@@ -299,8 +307,9 @@ class FairShareRanking:
         }
         return {term: alt[2].id for term, alt in candidates.items() if alt and alt[2].id != winner.id}
 
-    def copy(self) -> FairShareRanking:
+    def copy(self, explain: bool = True) -> FairShareRanking:
         clone = FairShareRanking(self.policy, self.name)
+        clone._explain = self._explain and explain
         clone._ledger = self._ledger.copy()
         clone._team_ledger = self._team_ledger.copy()
         clone._team_of = dict(self._team_of)
@@ -319,8 +328,9 @@ class FairShareRanking:
         clone._last_dispatch = dict(self._last_dispatch)
         clone._heads = self._heads.copy()
         clone._team_heads = {key: index.copy() for key, index in self._team_heads.items()}
-        clone._heads_no_aging = self._heads_no_aging.copy()
-        clone._no_fair_share = self._no_fair_share.copy()
+        if clone._explain:
+            clone._heads_no_aging = self._heads_no_aging.copy()
+            clone._no_fair_share = self._no_fair_share.copy()
         return clone
 
     def _forget(self, job_id: str) -> tuple[Job, MemberLevel]:
@@ -556,7 +566,7 @@ class FairShareRanking:
             self._heads.put(qkey, job.model, own, seq, job)
             team = _tree_key(level[0], self._team_of[level[0]])
             index_in(self._team_heads, team).put(qkey, job.model, own, seq, job)
-        if self._heads_no_aging.current(qkey) is not job:  # its key has no clock: only a new head moves it
+        if self._explain and self._heads_no_aging.current(qkey) is not job:  # no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
 
 

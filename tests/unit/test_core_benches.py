@@ -29,3 +29,9 @@ def test_the_dispatch_bench_times_decisions_and_the_rescoring_baseline(teams):
 def test_the_simulator_bench_times_both_rankings():
     *_, row = bench("bench/simulator.py", "--repeat", "1")
     assert row.startswith("gpulane ") and "fifo " in row and "ratio" in row
+
+
+def test_the_dispatch_bench_times_the_forecasts_fork():
+    *_, row = bench("bench/dispatch.py", "--pending", "300", "--forks", "3")
+    pending, median, most = row.split()
+    assert pending == "300" and 0 < float(median) <= float(most)
