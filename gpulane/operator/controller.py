@@ -38,7 +38,7 @@ from gpulane.kube.protocol import KubeClient
 from gpulane.operator import backends, effects, lane_rules, models, policies, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.intake import Admission, Refuse
+from gpulane.operator.intake import Admission
 from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
 from gpulane.operator.lanes import LaneRunner
@@ -49,7 +49,7 @@ from gpulane.operator.retention import Expiries
 from gpulane.operator.settings import Settings
 from gpulane.operator.shards import Router
 from gpulane.operator.status import StatusWriter
-from gpulane.operator.translate import Refusal, policy_refusal
+from gpulane.operator.translate import policy_refusal
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,10 @@ class Controller:
         """One event for the core, and everything it returns applied (``effects.settle``)."""
         effects.settle(self, Intake(events=[event]))
 
+    def settle(self, intake: Intake) -> None:
+        """What a room read an object into, applied with the core's effects (``effects.settle``)."""
+        effects.settle(self, intake)
+
     # -- GpuJobs --------------------------------------------------------------------------------
 
     def job_event(self, kind: str | None, body: Body) -> None:
@@ -133,12 +137,6 @@ class Controller:
         admission = Admission(self.dispatcher.policy, self.clock(), self.observed.models, self.router.elsewhere,
                               self.observed.pending_cap, self.observed.member_pending_cap)  # fmt: skip
         effects.settle(self, self.jobs.enter(kind, body, admission))
-
-    def reject(self, view: JobView, reason: str) -> None:
-        """A waiting job the current policy cannot rank: it fails with PolicyRejected."""
-        self.jobs.release(view)
-        body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
-        effects.settle(self, Intake(writes=[Refuse(body, Refusal("PolicyRejected", reason))]))
 
     async def _delete_finished(self, namespace: str, name: str, uid: str, now: float) -> None:
         if await self.expiries.delete(self.kube, namespace, name, uid, now):
@@ -296,12 +294,13 @@ class Controller:
 
     def use_policy(self, policy: Policy) -> None:
         """A new policy: waiting jobs it cannot rank fail, and the lanes' next jobs are chosen by it."""
+        intake = Intake(decide=True)
         for job, reason in self.dispatcher.replace_policy(policy):
             view = self.jobs.get(job.id)
             if view is not None:
-                self.reject(view, reason)
+                self.jobs.reject(view, reason, intake)
         for view in list(self.jobs.parked()):
             refusal = policy_refusal(policy, view.job.priority, view.job.tier)
             if refusal is not None:
-                self.reject(view, refusal.message)
-        effects.settle(self, Intake(decide=True))
+                self.jobs.reject(view, refusal.message, intake)
+        effects.settle(self, intake)

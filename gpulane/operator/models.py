@@ -13,10 +13,10 @@ from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import Body
 from gpulane.api.resources import GpuLaneSpec, GpuModelSpec
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, JobCancelled, JobSubmitted, ModelRemoved, ModelUpdated
+from gpulane.core.events import JobCancelled, JobSubmitted, ModelRemoved, ModelUpdated
 from gpulane.core.validation import describe
 from gpulane.kube.protocol import KubeClient
-from gpulane.operator.job_table import JobTable, JobView
+from gpulane.operator.job_table import Intake, JobTable
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
@@ -45,8 +45,7 @@ class Host(Protocol):
     kube: KubeClient
     clock: Callable[[], float]
 
-    def apply(self, event: Event) -> None: ...
-    def reject(self, view: JobView, reason: str) -> None: ...
+    def settle(self, intake: Intake) -> None: ...
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
 
@@ -56,7 +55,10 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
     A new generation is checked first: the apiserver judges the pod it builds (a server-side dry run, a few
     milliseconds). A new model's jobs wait meanwhile; a changed one keeps serving with its last accepted
     spec until the new one passes, and keeps it if it fails. A generation accepted before (its Accepted
-    condition says so: a restart, a takeover) is not checked again."""
+    condition says so: a restart, a takeover) is not checked again.
+
+    Its consequences are read into one ``Intake`` (the model and the jobs that waited for it, for the core; a
+    refusal to write for each the policy no longer ranks) that the controller settles once, like a GpuJob's."""
     name = body["metadata"]["name"]
     observed = host.observed
     elsewhere = host.router.model_event(kind, body)  # another shard's: as if deleted here, and its jobs follow it
@@ -64,12 +66,11 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
         observed.models.pop(name, None)
         for table in (observed.checking, observed.accepted, observed.refused_models, observed.model_conditions):
             table.pop(name, None)
-        _park_model(host, name)
+        intake = _park_model(host, name)
         if elsewhere:
             host.router.hand_over_parked(host.jobs, name)
-        host.apply(ModelRemoved(name))  # a lane that holds it gives it up once its jobs there end
-        for lane in host.lanes.values():
-            lane.kick()
+        intake.events.append(ModelRemoved(name))  # a lane that holds it gives it up once its jobs there end
+        _settle(host, intake)
         return
     try:
         spec = GpuModelSpec.model_validate(body.get("spec") or {})
@@ -86,7 +87,14 @@ def model_event(host: Host, kind: str | None, body: Body) -> None:
             return  # its jobs wait meanwhile, or the last accepted spec serves on
     elif observed.checking.get(name) == generation:
         return  # a status write of ours while the new spec is checked
-    _serve(host, name, spec, body)
+    _settle(host, _serve(host, name, spec, body))
+
+
+def _settle(host: Host, intake: Intake) -> None:
+    """The model's consequences applied, and every lane looks again (its pod may be of the model's old spec)."""
+    host.settle(intake)
+    for lane in host.lanes.values():
+        lane.kick()
 
 
 def _accepted_before(body: Body, generation: int | None) -> bool:
@@ -97,7 +105,7 @@ def _accepted_before(body: Body, generation: int | None) -> bool:
     )
 
 
-def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
+def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> Intake:
     """Give the core this spec of the model, and let the jobs that waited for it queue."""
     observed = host.observed
     learned = observed.learned.setdefault(name, model_status_fields(body.get("status") or {}))
@@ -111,16 +119,17 @@ def _serve(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
     # A status alone changed: most often the operator's own write of what the core learned, which the core has
     # (unrounded). Told again, the core would take the rounded figures and the next pass forecast the whole
     # queue (seconds at 100,000 pending) for each learned run time written.
+    intake = Intake()
     if changed:
-        host.apply(ModelUpdated(model_spec(name, spec, learned, host.dispatcher.model(name), observed.lane_labels)))
+        core = host.dispatcher.model(name)
+        intake.events.append(ModelUpdated(model_spec(name, spec, learned, core, observed.lane_labels)))
     for view in host.jobs.unpark(name):
         refusal = policy_refusal(host.dispatcher.policy, view.job.priority, view.job.tier)
         if refusal is not None:  # the policy changed while it waited for its model
-            host.reject(view, refusal.message)
+            host.jobs.reject(view, refusal.message, intake)
         else:
-            host.apply(JobSubmitted(view.job))
-    for lane in host.lanes.values():
-        lane.kick()
+            intake.events.append(JobSubmitted(view.job))
+    return intake
 
 
 async def check_model(host: Host, name: str, spec: GpuModelSpec, body: Body) -> None:
@@ -135,7 +144,7 @@ async def check_model(host: Host, name: str, spec: GpuModelSpec, body: Body) -> 
     now = host.clock()
     if refusal is None:
         observed.accepted[name] = generation
-        _serve(host, name, spec, body)
+        _settle(host, _serve(host, name, spec, body))
         serving = sorted(lane for lane, pod in observed.pods.items() if pod.model == name and not pod.failed)
         message = "each lane's next backend pod for this model is built from this spec"
         if serving and (generation or 1) > 1:
@@ -149,7 +158,7 @@ async def check_model(host: Host, name: str, spec: GpuModelSpec, body: Body) -> 
         else:
             observed.models.pop(name, None)
             observed.refused_models[name] = refusal
-            _park_model(host, name)
+            host.settle(_park_model(host, name))
         cond = condition("Accepted", False, reason, refusal, now, generation)
     observed.model_conditions[name] = merge_condition(
         observed.model_conditions.get(name) or (body.get("status") or {}).get("conditions"), cond
@@ -193,8 +202,10 @@ async def pod_refusal(host: Host, name: str, spec: GpuModelSpec) -> tuple[str | 
     return None, "Valid"
 
 
-def _park_model(host: Host, model: str) -> None:
+def _park_model(host: Host, model: str) -> Intake:
     """Waiting jobs of a deleted model go back to waiting for a GpuModel of that name."""
+    intake = Intake()
     for job in [j for j in host.dispatcher.pending() if j.model == model]:
-        host.apply(JobCancelled(job.id))
+        intake.events.append(JobCancelled(job.id))
         host.jobs.park(host.jobs[job.id])
+    return intake
