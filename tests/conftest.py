@@ -8,6 +8,10 @@ import pytest
 import suite_groups
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    suite_groups.yield_to_the_serial_group()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     suite_groups.check_and_record(items)
 

@@ -60,6 +60,14 @@ def has_own_cluster() -> bool:
     return worker() != SERIAL_WORKER
 
 
+def yield_to_the_serial_group() -> None:
+    """A worker of the parallel groups runs, and starts its cluster's processes, at a lower CPU priority (nice
+    ``GPULANE_TEST_NICE``, default 5): the serial group is the run's critical path and the parallel workers have
+    time to spare (docs/development.md), so on a machine short of cores they give way to it."""
+    if "PYTEST_XDIST_WORKER" in os.environ and has_own_cluster():
+        os.nice(int(os.environ.get("GPULANE_TEST_NICE", "5")))
+
+
 def own_cluster(state_root: Path) -> dict[str, Any]:
     """Where this worker's own cluster lives and listens: keyword arguments of ``localcluster.up``."""
     from gpulane_cluster import Ports  # hack/, on sys.path once the e2e support is imported
