@@ -3,6 +3,7 @@ conftest's own hooks, run with xdist workers; each test writes down which worker
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 
 def ran(name):
     with open(Path(__file__).parent / "ran.log", "a") as log:
-        log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {name}\\n")
+        log.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {name} {os.nice(0)}\\n")
 """
 
 
@@ -58,7 +59,7 @@ def ran(suite: pytest.Pytester) -> list[tuple[str, str, str]]:
     """(worker, module, test) in the order each worker ran them."""
     out = []
     for line in (suite.path / "ran.log").read_text().splitlines():
-        worker, name = line.split()
+        worker, name, _nice = line.split()
         out.append((worker, name))
     return [(w, n.rstrip("0123456789"), n) for w, n in out]
 
@@ -128,3 +129,12 @@ def test_a_test_that_names_no_group_stops_the_run(
     result = pytester.runpytest_subprocess(*QUIET)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*every end-to-end test names its group*", f"*test_forgot.py::test_it: {message}*"])
+
+
+def test_the_parallel_workers_yield_the_cpu_to_the_serial_group(suite: pytest.Pytester) -> None:
+    """The serial group is the run's critical path: the other workers, and what they start, run at a lower priority."""
+    base = os.nice(0)
+    result = suite.runpytest_subprocess(*QUIET, "-n", "3")
+    result.assert_outcomes(passed=15)
+    nice = {line.split()[0]: int(line.split()[2]) for line in (suite.path / "ran.log").read_text().splitlines()}
+    assert nice["gw0"] == base and {nice[w] for w in nice if w != "gw0"} == {min(base + 5, 19)}, nice
