@@ -131,8 +131,11 @@ def test_a_test_that_names_no_group_stops_the_run(
     result.stderr.fnmatch_lines(["*every end-to-end test names its group*", f"*test_forgot.py::test_it: {message}*"])
 
 
-def test_the_parallel_workers_yield_the_cpu_to_the_serial_group(suite: pytest.Pytester) -> None:
+def test_the_parallel_workers_yield_the_cpu_to_the_serial_group(
+    suite: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The serial group is the run's critical path: the other workers, and what they start, run at a lower priority."""
+    monkeypatch.setenv("GPULANE_TEST_NICE", "5")  # the default, whatever the run was given
     base = os.nice(0)
     result = suite.runpytest_subprocess(*QUIET, "-n", "3")
     result.assert_outcomes(passed=15)
