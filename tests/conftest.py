@@ -9,7 +9,7 @@ import suite_groups
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    suite_groups.yield_to_the_serial_group()
+    suite_groups.yield_to_the_serial_group(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -60,11 +60,13 @@ def has_own_cluster() -> bool:
     return worker() != SERIAL_WORKER
 
 
-def yield_to_the_serial_group() -> None:
+def yield_to_the_serial_group(config: pytest.Config) -> None:
     """A worker of the parallel groups runs, and starts its cluster's processes, at a lower CPU priority (nice
     ``GPULANE_TEST_NICE``, default 5): the serial group is the run's critical path and the parallel workers have
-    time to spare (docs/development.md), so on a machine short of cores they give way to it."""
-    if "PYTEST_XDIST_WORKER" in os.environ and has_own_cluster():
+    time to spare (docs/development.md), so on a machine short of cores they give way to it. A worker is known by
+    what xdist gave it, not by the environment, which a run started from inside a test inherits."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and workerinput["workerid"] != SERIAL_WORKER:
         os.nice(int(os.environ.get("GPULANE_TEST_NICE", "5")))
 
 

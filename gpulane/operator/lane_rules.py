@@ -9,7 +9,8 @@ from typing import Protocol
 
 from gpulane.api.resources import GpuLaneSpec
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, LaneMemory, LaneReserved, ModelUpdated
+from gpulane.core.events import LaneMemory, LaneReserved, ModelUpdated
+from gpulane.operator.job_table import Intake
 from gpulane.operator.observed import Observed
 from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import pinned_lanes
@@ -20,21 +21,25 @@ class Host(Protocol):
     observed: Observed
     status: StatusWriter
 
-    def apply(self, event: Event) -> None: ...
+    def settle(self, intake: Intake) -> None: ...
 
 
 def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> None:
-    """A GpuLane appeared or changed (its ``labels`` and ``spec``), or went (both None)."""
+    """A GpuLane appeared or changed (its ``labels`` and ``spec``), or went (both None): what the core must hear
+    of it, settled at once."""
     owners = None if spec is None or spec.reserved_for is None else frozenset(spec.reserved_for.namespaces)
     core = host.dispatcher.lane_state(lane)
+    intake = Intake()
     if spec is not None and (core is None or core.owners != owners):
-        host.apply(LaneReserved(lane, owners))
+        intake.events.append(LaneReserved(lane, owners))
     if spec is not None and (core is None or core.memory_mib != (spec.memory_mib or 0)):
-        host.apply(LaneMemory(lane, spec.memory_mib or 0))
-    _repin(host, lane, labels)
+        intake.events.append(LaneMemory(lane, spec.memory_mib or 0))
+    _repin(host, lane, labels, intake)
+    if intake.events:
+        host.settle(intake)
 
 
-def _repin(host: Host, lane: str, labels: dict[str, str] | None) -> None:
+def _repin(host: Host, lane: str, labels: dict[str, str] | None, intake: Intake) -> None:
     """The models with a laneSelector serve the lanes that match now."""
     observed = host.observed
     if labels is None:
@@ -47,5 +52,5 @@ def _repin(host: Host, lane: str, labels: dict[str, str] | None) -> None:
         lanes = pinned_lanes(spec, observed.lane_labels)
         core = host.dispatcher.model(name)
         if lanes != core.lanes:
-            host.apply(ModelUpdated(replace(core, lanes=lanes)))
+            intake.events.append(ModelUpdated(replace(core, lanes=lanes)))
             host.status.model_dirty(name)

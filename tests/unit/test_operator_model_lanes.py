@@ -40,3 +40,27 @@ def test_a_model_goes_only_to_the_lanes_its_selector_matches_and_follows_their_l
         assert w.ctl.dispatcher.model("big").lanes == frozenset()
 
     asyncio.run(scenario())
+
+
+def test_what_a_lane_event_tells_the_core_is_settled_at_once(monkeypatch):
+    """A new lane that is reserved, has its memory and matches two models' selectors: the core hears all four in
+    one ``settle``, before the lane comes online, not one pass each."""
+    from gpulane.operator import effects
+
+    async def scenario() -> None:
+        w = World()
+        for name in ("big", "bigger"):
+            w.model(name, laneSelector={"matchLabels": {"gpu": "a100"}})
+        settled: list[list[str]] = []
+        settle = effects.settle
+        monkeypatch.setattr(effects, "settle", lambda ctl, intake: settled.append(
+            [type(e).__name__ for e in intake.events]) or settle(ctl, intake))  # fmt: skip
+        meta = {"name": "gpu-1", "uid": "uid-gpu-1", "labels": {"gpu": "a100"}}
+        spec = {"reservedFor": {"namespaces": ["lab"]}, "memoryMib": 80000}
+        body = w.kube.put("gpulanes", {"metadata": meta, "spec": spec})
+        w.ctl.lane_event("ADDED", body)
+        assert settled == [["LaneReserved", "LaneMemory", "ModelUpdated", "ModelUpdated"], ["LaneUpdated"]], settled
+        assert w.ctl.dispatcher.model("bigger").lanes == {"gpu-1"}
+        assert w.ctl.dispatcher.lane_state("gpu-1").owners == {"lab"}
+
+    asyncio.run(scenario())
