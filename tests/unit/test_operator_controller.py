@@ -1779,10 +1779,20 @@ def test_parked_job_is_written_once_and_queued_when_its_model_appears():
     asyncio.run(scenario())
 
 
+def settles(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """From now on, each ``effects.settle`` as the names of the core events it hands over, in order."""
+    from gpulane.operator import effects
+
+    settled: list[list[str]] = []
+    settle = effects.settle
+    monkeypatch.setattr(effects, "settle", lambda ctl, intake: settled.append(
+        [type(e).__name__ for e in intake.events]) or settle(ctl, intake))  # fmt: skip
+    return settled
+
+
 def test_the_jobs_that_waited_for_a_model_are_one_pass_of_the_core_when_it_appears(monkeypatch):
     """A GpuModel that 30 jobs waited for: the core hears the model, then its jobs in arrival order, and one
     ``settle`` applies it all, the refusal of the job the policy no longer ranks with it."""
-    from gpulane.operator import effects
 
     async def scenario() -> None:
         w = World()
@@ -1791,10 +1801,7 @@ def test_the_jobs_that_waited_for_a_model_are_one_pass_of_the_core_when_it_appea
         keys = [w.submit(f"j{n}", model="ghost", tier="max" if n == 7 else "free") for n in range(30)]
         w.clock.now += 1
         w.ctl.use_policy(Policy(tier_bonus={"free": 0, "pro": 1}))  # j7's tier is gone while it waits
-        settled: list[list[str]] = []
-        settle = effects.settle
-        monkeypatch.setattr(effects, "settle", lambda ctl, intake: settled.append(
-            [type(e).__name__ for e in intake.events]) or settle(ctl, intake))  # fmt: skip
+        settled = settles(monkeypatch)
         w.model("ghost")
         assert settled == [["ModelUpdated"] + ["JobSubmitted"] * 29], settled
         assert w.ctl.jobs[keys[0]].state == "assigned"  # the oldest, on the idle lane

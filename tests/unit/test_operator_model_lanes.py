@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from .test_operator_controller import World, no_lane_loops  # noqa: F401 (the autouse fixture)
+from .test_operator_controller import World, no_lane_loops, settles  # noqa: F401 (the autouse fixture)
 
 
 def labelled(w: World, name: str, labels: dict[str, str]) -> None:
@@ -45,16 +45,12 @@ def test_a_model_goes_only_to_the_lanes_its_selector_matches_and_follows_their_l
 def test_what_a_lane_event_tells_the_core_is_settled_at_once(monkeypatch):
     """A new lane that is reserved, has its memory and matches two models' selectors: the core hears all four in
     one ``settle``, before the lane comes online, not one pass each."""
-    from gpulane.operator import effects
 
     async def scenario() -> None:
         w = World()
         for name in ("big", "bigger"):
             w.model(name, laneSelector={"matchLabels": {"gpu": "a100"}})
-        settled: list[list[str]] = []
-        settle = effects.settle
-        monkeypatch.setattr(effects, "settle", lambda ctl, intake: settled.append(
-            [type(e).__name__ for e in intake.events]) or settle(ctl, intake))  # fmt: skip
+        settled = settles(monkeypatch)
         meta = {"name": "gpu-1", "uid": "uid-gpu-1", "labels": {"gpu": "a100"}}
         spec = {"reservedFor": {"namespaces": ["lab"]}, "memoryMib": 80000}
         body = w.kube.put("gpulanes", {"metadata": meta, "spec": spec})
