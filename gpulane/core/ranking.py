@@ -10,6 +10,7 @@ import functools
 import heapq
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from gpulane.core.jobs import Job
@@ -109,10 +110,8 @@ class FairShareRanking:
         # Asked at every decision and re-rank, and reading the policy's (pydantic) private mapping is slow. Bounded:
         # member names come from callers, and one who invents a new name per call must not grow it without end.
         self._teams = functools.lru_cache(maxsize=TEAM_CACHE)(policy.fair_share_team)
-        # Of each member with a job waiting (Job.account), forgotten with its last job: names come from callers.
-        self._team_of: dict[str, str | None] = {}  # its team (None: a team of one)
-        self._weights: dict[str, tuple[float, float]] = {}  # its team's weight, its own
-        self._held: dict[str, int] = {}  # how many of its jobs wait
+        # Each member with a job waiting (Job.account), forgotten with its last job: names come from callers.
+        self._members: dict[str, _Member] = {}
         # Turns: every head by its score. Usage: per band and team, the heads by usage clock, and each head's score.
         self._heads: RankedIndex[Job] = RankedIndex()
         self._bands: dict[int, dict[str, RankedIndex[Job]]] = {}
@@ -155,9 +154,11 @@ class FairShareRanking:
 
     def add(self, job: Job, seq: int) -> None:
         level = (who := job.account, self.policy.band(job.priority))
-        self._team_of[who] = team = self._team(job)
-        self._weights[who] = self.policy.fair_share_weights.of(team, job.member)
-        self._held[who] = self._held.get(who, 0) + 1
+        member = self._members.get(who)
+        if member is None:
+            team = self._team(job)
+            member = self._members[who] = _Member(team, self.policy.fair_share_weights.of(team, job.member))
+        member.waiting += 1
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._jobs[job.id] = (job, seq, level, base)
         self._live_seqs.add(seq)
@@ -238,7 +239,8 @@ class FairShareRanking:
         """Set a (member, band)'s decayed usage as of ``at``: restores fair share after a restart."""
         level = (member, self.policy.band(priority))
         self._ledger.restore(level, seconds, at)
-        self._usage_changed(level, self._team_of.get(member))  # a member without a job waiting heads no team
+        known = self._members.get(member)  # a member without a job waiting heads no team
+        self._usage_changed(level, None if known is None else known.team)
 
     def restore_team_usage(self, team: str, priority: int, seconds: float, at: float) -> None:
         """Set a (team, band)'s decayed usage as of ``at``: restores the tree's upper level after a restart."""
@@ -312,9 +314,7 @@ class FairShareRanking:
         clone._explain = self._explain and explain
         clone._ledger = self._ledger.copy()
         clone._team_ledger = self._team_ledger.copy()
-        clone._team_of = dict(self._team_of)
-        clone._weights = dict(self._weights)
-        clone._held = dict(self._held)
+        clone._members = {who: _Member(m.team, m.weights, m.waiting) for who, m in self._members.items()}
         clone._bands = {band: {t: index.copy() for t, index in teams.items()} for band, teams in self._bands.items()}
         clone._tops = self._tops.copy()
         clone._own_key = dict(self._own_key)
@@ -339,7 +339,7 @@ class FairShareRanking:
         self._no_fair_share.discard(job_id)
         self._live_in_queue[(*level, job.model)] -= 1
         self._live_in_level[level] -= 1
-        self._held[level[0]] -= 1
+        self._members[level[0]].waiting -= 1
         return job, level
 
     def _usage_changed(self, level: MemberLevel, team: str | None) -> None:
@@ -419,7 +419,7 @@ class FairShareRanking:
     def _in_tree(self, head: Best, band: int) -> Best:
         """A team's head ranked among the band's teams: its key with the team's usage clock for its member's."""
         job = head[2]
-        if job.team is None and self._weights[job.account] == (1.0, 1.0):
+        if job.team is None and self._members[job.account].weights == (1.0, 1.0):
             return head  # a team of one at weight 1: its team's clock is its own
         return head[0] + self._member_start(job, band) - self._team_start(job, band), head[1], job
 
@@ -436,9 +436,9 @@ class FairShareRanking:
             team = self._team(job)
             if team is None or team != self._team(other):
                 ledger, key = (self._ledger, level) if team is None else (self._team_ledger, (team, band))
-                weight, start = self._weights[who][0], self._team_start
+                weight, start = self._members[who].weights[0], self._team_start
             else:  # teammates: by their own keys, as inside the team
-                ledger, key, weight = self._ledger, level, self._weights[who][1]
+                ledger, key, weight = self._ledger, level, self._members[who].weights[1]
                 mine = self._own_usage_key(job, band) + top[0] - self._own_usage_key(other, band)
                 start = self._member_start
             clock = ledger.clock(key)
@@ -457,7 +457,7 @@ class FairShareRanking:
         return clock if clock is None or weight == 1.0 else clock - self._ledger.half_life * math.log2(weight)
 
     def _member_clock(self, level: MemberLevel) -> float | None:
-        return self._weighted(self._ledger.clock(level), self._weights[level[0]][1])
+        return self._weighted(self._ledger.clock(level), self._members[level[0]].weights[1])
 
     def _member_start(self, job: Job, band: int) -> float:
         level = (job.account, band)
@@ -469,7 +469,7 @@ class FairShareRanking:
         level = (job.account, band)
         team = self._team(job)
         clock = self._ledger.clock(level) if team is None else self._team_ledger.clock((team, band))
-        return self._usage_start(job, level, self._weighted(clock, self._weights[level[0]][0]))
+        return self._usage_start(job, level, self._weighted(clock, self._members[level[0]].weights[0]))
 
     def _own_usage_key(self, job: Job, band: int) -> float:
         base = self._jobs[job.id][3]
@@ -503,12 +503,12 @@ class FairShareRanking:
 
     def _drop_if_idle(self, member: str) -> None:
         """Forget a member whose last job left, once its heads are out of the indexes that read its team."""
-        if not self._held[member]:
-            del self._held[member], self._team_of[member], self._weights[member]
+        if not self._members[member].waiting:
+            del self._members[member]
 
     def _unlist(self, qkey: QueueKey) -> None:
         """Take an emptied member queue's head out of its band's team index."""
-        band, team = qkey[1], _tree_key(qkey[0], self._team_of[qkey[0]])
+        band, team = qkey[1], _tree_key(qkey[0], self._members[qkey[0]].team)
         teams = self._bands[band]
         teams[team].discard(qkey)
         self._tops.touch(band, team)
@@ -544,7 +544,7 @@ class FairShareRanking:
             self._heads_no_aging.discard(qkey)
             if not self._by_usage:
                 self._heads.discard(qkey)
-                team = _tree_key(qkey[0], self._team_of[qkey[0]])
+                team = _tree_key(qkey[0], self._members[qkey[0]].team)
                 self._team_heads[team].discard(qkey)
                 if not len(self._team_heads[team]):
                     del self._team_heads[team]
@@ -558,16 +558,25 @@ class FairShareRanking:
         own = base * self._divisor - self._aging_start(job, level)
         if self._by_usage:
             self._own_key[qkey] = own
-            team = _tree_key(level[0], self._team_of[level[0]])
+            team = _tree_key(level[0], self._members[level[0]].team)
             index = index_in(self._bands.setdefault(level[1], {}), team)
             index.put(qkey, job.model, base * self._divisor - self._member_start(job, level[1]), seq, job)
             self._tops.touch(level[1], team)
         else:
             self._heads.put(qkey, job.model, own, seq, job)
-            team = _tree_key(level[0], self._team_of[level[0]])
+            team = _tree_key(level[0], self._members[level[0]].team)
             index_in(self._team_heads, team).put(qkey, job.model, own, seq, job)
         if self._explain and self._heads_no_aging.current(qkey) is not job:  # no clock: only a new head moves it
             self._heads_no_aging.put(qkey, job.model, base, seq, job)
+
+
+@dataclass(slots=True)
+class _Member:
+    """What the ranking keeps of a member while it has jobs waiting."""
+
+    team: str | None  # None: a team of one
+    weights: tuple[float, float]  # its team's weight, its own
+    waiting: int = 0
 
 
 def _tree_key(member: str, team: str | None) -> str:

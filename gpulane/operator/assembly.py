@@ -85,3 +85,4 @@ class Operator:
             await self._health.cleanup()
         if self._lag is not None:
             self._lag.cancel()
+            await asyncio.gather(self._lag, return_exceptions=True)  # gone before the loop closes

@@ -123,8 +123,8 @@ class Controller:
             lane.kick()
 
     def apply(self, event: Event) -> None:
-        """One event for the core, and everything it returns applied (``effects.settle``)."""
-        effects.settle(self, Intake(events=[event]))
+        """One event for the core, and everything it returns applied."""
+        self.settle(Intake(events=[event]))
 
     def settle(self, intake: Intake) -> None:
         """What a room read an object into, applied with the core's effects (``effects.settle``)."""

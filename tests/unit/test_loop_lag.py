@@ -10,20 +10,25 @@ from gpulane.operator.metrics import Metrics
 
 
 def test_a_held_loop_is_recorded_as_late_by_about_the_hold() -> None:
-    async def recorded(seen: list[float], count: int) -> None:
+    seen: list[float] = []
+    wrote = asyncio.Event()
+
+    def observe(late: float) -> None:
+        seen.append(late)
+        wrote.set()
+
+    async def recorded(count: int) -> None:
         """Until the probe has written ``count`` samples (a probe that never writes fails here, not by hanging)."""
-        give_up = time.monotonic() + 5
         while len(seen) < count:
-            assert time.monotonic() < give_up, f"the probe wrote {len(seen)} samples, not {count}"
-            await asyncio.sleep(0.01)
+            wrote.clear()
+            await asyncio.wait_for(wrote.wait(), timeout=5)
 
     async def scenario() -> list[float]:
-        seen: list[float] = []
-        task = asyncio.create_task(loop_lag.probe(seen.append, interval=0.02))
-        await recorded(seen, 3)
+        task = asyncio.create_task(loop_lag.probe(observe, interval=0.02))
+        await recorded(3)
         before = len(seen)
         time.sleep(0.2)  # the event under test: something holds the loop (no await)
-        await recorded(seen, before + 1)  # the sample the probe writes once the loop is free again
+        await recorded(before + 1)  # the sample the probe writes once the loop is free again
         task.cancel()
         return seen[before:]
 

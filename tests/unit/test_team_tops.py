@@ -72,7 +72,7 @@ def test_the_indexed_pick_is_the_scans_after_every_change(seed):
         agree(ranking, now)
         agree(ranking.copy(), now)
         agree(ranking.copy(explain=False), now)  # a forecast's: it picks the same, without the explanations' indexes
-        assert ranking._team_of.keys() == {job.account for job in waiting}, "a member is kept while a job waits"
+        assert ranking._members.keys() == {job.account for job in waiting}, "a member is kept while a job waits"
 
 
 def test_a_decision_ranks_the_teams_it_touched_not_every_team():
@@ -113,9 +113,9 @@ def test_members_invented_per_call_are_forgotten_with_their_last_job():
     for n, job in enumerate(two):
         ranking.add(job, 3000 + n)
     ranking.remove("k0")
-    assert ranking._team_of == {"lab/ann": "lab"} and ranking._weights.keys() == {"lab/ann"}
+    assert {who: m.team for who, m in ranking._members.items()} == {"lab/ann": "lab"}
     ranking.remove("k1")
-    assert not ranking._team_of and not ranking._weights and not ranking._held
+    assert not ranking._members
 
 
 def test_a_forecasts_copy_keeps_no_alternatives_and_says_so():
