@@ -13,8 +13,9 @@ it writes a Running job's completion and times, through a watch, the next job tu
 apiserver's share is measured side by side: the same write-then-watch round trip on an object nobody
 reacts to (a no-op status patch of a finished job). A dispatch needs two such trips (the completion
 reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
-operator's own part. The timing starts once every job shows its phase and the operator has gone quiet
-(3 s without an API write but its Lease's, under 5% of a core), or after 600 s; the report says which
+operator's own part; the same trip once the operator has stopped (``apiserver_idle_round_trip_*``) is the
+apiserver's tail with nothing else writing. The timing starts once every job shows its phase and the operator
+has gone quiet (3 s without an API write but its Lease's, under 5% of a core), or after 600 s; the report says which
 (``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest dispatches with the trip
 timed right after each, and the p99 of each dispatch less twice that trip (``operator_part_p99_ms``): whether a
 tail is the apiserver's or the operator's.
@@ -42,6 +43,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from harness import (
@@ -111,10 +113,12 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         totals: list[float] = []
         trips: list[float] = []
         others: list[int] = []  # other jobs' writes the watch delivered while each dispatch was awaited
+        walls: list[float] = []  # each dispatch's start on the wall clock, to set beside the apiserver's log
         done: set[str] = set()
         for _ in range(args.jobs):
             finished = min(running)
             t0, seen = time.monotonic(), watcher.seen
+            walls.append(time.time())
             world.complete(finished)
             running.discard(finished)
             done.add(finished)
@@ -140,6 +144,24 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         for operator, was in zip(operators, before, strict=True):  # the shards' counters, summed
             for k, v in operator.metrics().items():
                 after[k] = after.get(k, 0.0) + v - was.get(k, 0.0)
+        peak_rss = max(peak_rss_mib(pid) for pid in pids)
+        if args.timeline:  # each dispatch: its start (wall clock, s), its time and the trip after it (ms)
+            rows = zip(walls, totals, trips, strict=True)
+            Path(args.timeline).write_text("".join(f"{w:.3f} {t * 1000:.1f} {r * 1000:.1f}\n" for w, t, r in rows))
+        # The apiserver's trip once nothing else writes: the operators stopped, the same patch on finished jobs.
+        for operator in operators:
+            operator.stop()
+        idle: list[float] = []
+        for i in range(args.idle_trips):
+            name, t1 = sorted(done)[i % len(done)], time.monotonic()
+            message = f"idle {t1}"
+            world.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, "gpujobs", name, {"status": {"message": message}}
+            )
+            at2, _n, _o = watcher.until(
+                lambda n, p, o, r=name, m=message: n == r and (o.get("status") or {}).get("message") == m
+            )
+            idle.append(at2 - t1)
         watcher.stop()
         internal_n, internal_s = (
             after["gpulane_dispatch_latency_seconds_count"],
@@ -165,6 +187,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "total_p99_ms": round(percentile(totals, 99) * 1000, 1),
             "apiserver_round_trip_p50_ms": round(statistics.median(trips) * 1000, 1),
             "apiserver_round_trip_p99_ms": round(percentile(trips, 99) * 1000, 1),
+            "apiserver_idle_round_trip_p50_ms": round(statistics.median(idle) * 1000, 1) if idle else None,
+            "apiserver_idle_round_trip_p99_ms": round(percentile(idle, 99) * 1000, 1) if idle else None,
             "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
             "operator_part_p99_ms": round(percentile(parts, 99) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
@@ -179,13 +203,18 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             # Where the tail comes from: the slowest dispatches, the apiserver's trip right after each, and how
             # many other jobs' writes (the operator's position rewrites) reached the watch meanwhile.
             "slowest": [
-                {"ms": round(totals[i] * 1000, 1), "trip_ms": round(trips[i] * 1000, 1), "other_writes": others[i]}
+                {
+                    "ms": round(totals[i] * 1000, 1),
+                    "trip_ms": round(trips[i] * 1000, 1),
+                    "other_writes": others[i],
+                    "at": round(walls[i], 3),
+                }
                 for i in sorted(range(len(totals)), key=totals.__getitem__)[-3:][::-1]
             ],
             "other_writes_per_dispatch_p50": statistics.median(others),
             "loop_lag_samples": round(lag_n),
             "loop_lag_samples_over_ms": lag_over,
-            "operator_peak_rss_mib": max(peak_rss_mib(pid) for pid in pids),
+            "operator_peak_rss_mib": peak_rss,
         }
 
 
@@ -354,6 +383,8 @@ def main() -> None:
     lat.add_argument("--jobs", type=int, default=200, help="dispatches timed")
     lat.add_argument("--pending", type=int, default=0, help="jobs queued behind them (default: just those)")
     lat.add_argument("--lanes", type=int, default=1, help="warm lanes per shard, each on a kwok node of its own")
+    lat.add_argument("--timeline", help="write each dispatch's wall-clock start, time and trip to this file")
+    lat.add_argument("--idle-trips", type=int, default=100, help="apiserver trips timed after the operator stopped")
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
     sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")
