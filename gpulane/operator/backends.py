@@ -1,6 +1,7 @@
 """What lanes run on: their backend pods, their nodes, and the executors' Leases that vouch for running
 jobs. Watch events of these update ``Observed``; a lost backend or node takes its lane's work away. The
-bridge's ``/unload`` comes as a Lease too."""
+bridge's ``/unload`` comes as a Lease too. What a node's or a Lease's event tells the core comes back as an
+``Intake``, for the controller to settle."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.contract import UNLOAD_LEASE, Body
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
-from gpulane.core.events import Event, LaneUpdated, UnloadAll
+from gpulane.core.events import LaneUpdated, UnloadAll
 from gpulane.kube.protocol import KubeClient
+from gpulane.operator.job_table import Intake
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.nodes import lane_node_problem, node_state
 from gpulane.operator.observed import Observed
@@ -34,7 +36,6 @@ class Host(Protocol):
     sightings: Sightings
     settings: Settings
 
-    def apply(self, event: Event) -> None: ...
     def backend_failed(self, lane: str, reason: str, message: str, *, lost: bool = False) -> None: ...
 
 
@@ -78,18 +79,21 @@ def pod_changed(host: Host, state: PodState, gone: bool) -> None:
     runner.kick()
 
 
-def node_event(host: Host, kind: str | None, body: Body) -> None:
+def node_event(host: Host, kind: str | None, body: Body) -> Intake:
     """A node changed: lanes on it go offline or back online."""
     state = node_state(body)
     if kind == "DELETED":
         host.observed.nodes.pop(state.name, None)
     else:
         host.observed.nodes[state.name] = state
+    intake = Intake()
     for runner in host.lanes.values():
-        check_node(host, runner)
+        check_node(host, runner, intake)
+    return intake
 
 
-def check_node(host: Host, runner: LaneRunner) -> None:
+def check_node(host: Host, runner: LaneRunner, intake: Intake) -> None:
+    """The lane's node may have gone or come back: the lane's new state for the core goes into ``intake``."""
     problem = lane_node_problem(runner.spec, host.observed.nodes)
     if problem == runner.node_problem:
         return
@@ -100,32 +104,33 @@ def check_node(host: Host, runner: LaneRunner) -> None:
     runner.node_problem = problem
     core = host.dispatcher.lane_state(runner.name)
     if core is not None:  # node events arrive after the rebuild (kopf's startup handler) took lanes online
-        host.apply(LaneUpdated(runner.name, online=runner.online, resident=core.resident))
+        intake.events.append(LaneUpdated(runner.name, online=runner.online, resident=core.resident))
     host.status.lane_dirty(runner.name)
     runner.kick()
 
 
-def lease_event(host: Host, kind: str | None, body: Body) -> None:
+def lease_event(host: Host, kind: str | None, body: Body) -> Intake:
     """An executor's Lease: until when it vouches for the jobs it runs."""
     meta, spec = body["metadata"], body.get("spec") or {}
     renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime")) or 0.0
     expiry = renewed + float(spec.get("leaseDurationSeconds") or 0)
     host.observed.leases[(meta.get("namespace", ""), meta["name"])] = host.clock() if kind == "DELETED" else expiry
     if meta["name"] == UNLOAD_LEASE and kind != "DELETED" and meta.get("namespace") == host.settings.unload_namespace:
-        _unload(host, kind, renewed, str(spec.get("holderIdentity") or "someone"))
+        return _unload(host, kind, renewed, str(spec.get("holderIdentity") or "someone"))
+    return Intake()
 
 
-def _unload(host: Host, kind: str | None, asked: float, by: str) -> None:
+def _unload(host: Host, kind: str | None, asked: float, by: str) -> Intake:
     """An /unload newer than the last one seen: every lane gives its GPU back once its jobs end. One found at
     the start (a restart, a takeover) is only remembered: it was acted on, or is moot."""
     if asked <= host.observed.unload_seen:
-        return
+        return Intake()
     host.observed.unload_seen = asked
     if kind is None:
-        return
-    host.apply(UnloadAll())
+        return Intake()
     for runner in host.lanes.values():
         runner.say("UnloadRequested", f"/unload by {by}: the lane takes no new job, and gives its GPU back once "
                    "its running jobs end")  # fmt: skip
         host.status.lane_dirty(runner.name)
         runner.kick()
+    return Intake(events=[UnloadAll()])

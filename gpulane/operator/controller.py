@@ -240,10 +240,10 @@ class Controller:
 
     def node_event(self, kind: str | None, body: Body) -> None:
         self.sightings.note("nodes", kind, body)
-        backends.node_event(self, kind, body)
+        self.settle(backends.node_event(self, kind, body))
 
     def lease_event(self, kind: str | None, body: Body) -> None:
-        backends.lease_event(self, kind, body)
+        self.settle(backends.lease_event(self, kind, body))
 
     # -- GpuLanes, GpuModels, GpuPolicy ---------------------------------------------------------
 
@@ -270,7 +270,9 @@ class Controller:
         lane_rules.lane_changed(self, name, dict(meta.get("labels") or {}), spec)
         if runner is not None:
             runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
-            backends.check_node(self, runner)  # the lane may name another node now
+            intake = Intake()
+            backends.check_node(self, runner, intake)  # the lane may name another node now
+            self.settle(intake)
             runner.kick()
             return
         runner = LaneRunner(self, name, meta.get("uid", ""), spec, meta.get("generation"))

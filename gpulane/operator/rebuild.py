@@ -17,7 +17,6 @@ from gpulane.api.shards import Shard
 from gpulane.api.times import parse_time
 from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import (
-    Event,
     JobAdopted,
     LaneUpdated,
     ModelRemoved,
@@ -28,7 +27,7 @@ from gpulane.core.events import (
 from gpulane.kube.client import Gone, backoff, why
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory
-from gpulane.operator.job_table import JobState, JobTable, JobView, job_key
+from gpulane.operator.job_table import Intake, JobState, JobTable, JobView, job_key
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
 from gpulane.operator.shards import Router
@@ -53,7 +52,7 @@ class Host(Protocol):
     router: Router
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    def apply(self, event: Event) -> None: ...
+    def settle(self, intake: Intake) -> None: ...
     async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
     def policy_event(self, kind: str | None, body: Body) -> None: ...
     def model_event(self, kind: str | None, body: Body) -> None: ...
@@ -130,12 +129,12 @@ def replay(ctl: Host, world: World) -> None:
     for body in jobs:
         if _adoptable(body):
             adopt(ctl, body)
-    for member, priority, at in served_clocks(world.lanes, jobs):
-        ctl.apply(QueueServed(member, priority, at))
-    for member, priority, seconds, at in usage_entries(world.lanes):
-        ctl.apply(UsageRestored(member, priority, seconds, at))
-    for team, priority, seconds, at in usage_entries(world.lanes, "teamUsage", "namespace"):
-        ctl.apply(TeamUsageRestored(team, priority, seconds, at))
+    # Fair share's clocks and usage, as the lanes' statuses kept them, in one pass of the core.
+    restored = Intake()
+    restored.events += (QueueServed(*clock) for clock in served_clocks(world.lanes, jobs))
+    restored.events += (UsageRestored(*entry) for entry in usage_entries(world.lanes))
+    restored.events += (TeamUsageRestored(*entry) for entry in usage_entries(world.lanes, "teamUsage", "namespace"))
+    ctl.settle(restored)
     for body in jobs:
         if not _adoptable(body):
             ctl.job_event(None, body)
@@ -143,9 +142,11 @@ def replay(ctl: Host, world: World) -> None:
     for name, runner in ctl.lanes.items():
         _check_adopted(ctl, name)
         resident, loaded = _serving(ctl, name, statuses.get(name) or {})
-        ctl.apply(LaneUpdated(name, online=runner.online, resident=resident, loaded=loaded))
+        # Lane by lane: a model found removed drains the lanes that serve it, which the next lane's state reads.
+        lane = Intake(events=[LaneUpdated(name, online=runner.online, resident=resident, loaded=loaded)])
         if resident is not None and resident not in observed.models:  # its GpuModel went while we were away
-            ctl.apply(ModelRemoved(resident))
+            lane.events.append(ModelRemoved(resident))
+        ctl.settle(lane)
         runner.kick()
     ctl.ready = True
     log.info(
@@ -200,7 +201,7 @@ def adopt(ctl: Host, body: Body) -> None:
     if runner is None:
         ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
         return
-    ctl.apply(JobAdopted(result, lane, started_at or dispatched_at))
+    ctl.settle(Intake(events=[JobAdopted(result, lane, started_at or dispatched_at)]))
     if ctl.history.recorded(lane, result.id, dispatched_at) is False:
         # Adopted all the same (the lane's history is written a moment after the job's dispatch, so a stop in
         # between leaves one out), but a status that someone with gpujobs/status rights forged says so.

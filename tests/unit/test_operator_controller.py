@@ -2044,6 +2044,25 @@ def test_a_lane_whose_node_is_not_ready_gets_no_dispatch_until_it_is_back():
     asyncio.run(scenario())
 
 
+def test_a_node_that_goes_down_takes_its_lanes_offline_in_one_pass_of_the_core(monkeypatch):
+    """Two lanes on one node: the node's event tells the core both lanes' state, and one ``settle`` applies it."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane("gpu-0")
+        w.lane("gpu-1")
+        settled = settles(monkeypatch)
+        w.node("node-0", ready=False)
+        assert settled == [["LaneUpdated", "LaneUpdated"]], settled
+        assert not w.ctl.dispatcher.lanes["gpu-0"].online and not w.ctl.dispatcher.lanes["gpu-1"].online
+        settled.clear()
+        w.node("node-0", ready=False)  # nothing changed: nothing for the core
+        assert settled == [[]], settled
+
+    asyncio.run(scenario())
+
+
 def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
     async def scenario() -> None:
         w = World()

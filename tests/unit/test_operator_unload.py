@@ -34,15 +34,11 @@ class Host:
     def __init__(self) -> None:
         self.observed = Observed()
         self.settings = Settings(unload_namespace="gpulane-system")
-        self.applied: list[Event] = []
         self.lanes = {"gpu-0": Lane()}
         self.status = Status()
 
     def clock(self) -> float:
         return 0.0
-
-    def apply(self, event: Event, woke_at: float | None = None) -> None:
-        self.applied.append(event)
 
 
 def lease(namespace: str, at: str, name: str = "gpulane-unload") -> dict[str, Any]:
@@ -50,16 +46,18 @@ def lease(namespace: str, at: str, name: str = "gpulane-unload") -> dict[str, An
             "spec": {"holderIdentity": "key ops", "renewTime": at, "leaseDurationSeconds": 1}}  # fmt: skip
 
 
+def told(host: Host, kind: str | None, body: dict[str, Any]) -> list[Event]:
+    """What the Lease's event tells the core (the controller settles it)."""
+    return backends.lease_event(host, kind, body).events  # type: ignore[arg-type]
+
+
 def test_an_unload_is_acted_on_once_and_only_where_the_bridge_is() -> None:
     host = Host()
-    backends.lease_event(host, None, lease("gpulane-system", "2026-12-05T00:00:00.000000Z"))  # type: ignore[arg-type]
-    assert host.applied == []  # found at the start: remembered, not acted on
-    backends.lease_event(host, "MODIFIED", lease("tenant", "2026-12-05T00:01:00.000000Z"))  # type: ignore[arg-type]
-    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:01:00.000000Z", "other"))  # type: ignore[arg-type]
-    assert host.applied == []  # another namespace's Lease of that name, or another Lease
-    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z"))  # type: ignore[arg-type]
-    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z"))  # type: ignore[arg-type]
-    assert host.applied == [UnloadAll()]  # once per request
+    assert told(host, None, lease("gpulane-system", "2026-12-05T00:00:00.000000Z")) == []  # found at the start
+    assert told(host, "MODIFIED", lease("tenant", "2026-12-05T00:01:00.000000Z")) == []  # another namespace's
+    assert told(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:01:00.000000Z", "other")) == []  # not it
+    assert told(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z")) == [UnloadAll()]
+    assert told(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z")) == []  # once per request
     [(reason, message)] = host.lanes["gpu-0"].said
     assert reason == "UnloadRequested" and "/unload by key ops" in message
 
@@ -67,5 +65,4 @@ def test_an_unload_is_acted_on_once_and_only_where_the_bridge_is() -> None:
 def test_without_an_unload_namespace_nothing_is_honoured() -> None:
     host = Host()
     host.settings = Settings()
-    backends.lease_event(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z"))  # type: ignore[arg-type]
-    assert host.applied == []
+    assert told(host, "MODIFIED", lease("gpulane-system", "2026-12-05T00:02:00.000000Z")) == []

@@ -11,10 +11,10 @@ from gpulane.operator.controller import Controller
 from gpulane.operator.rebuild import rebuild, usage_entries
 from gpulane.operator.settings import Settings
 
-from .test_operator_controller import NS, SYSTEM, World, no_lane_loops  # noqa: F401 (the autouse fixture)
+from .test_operator_controller import NS, SYSTEM, World, no_lane_loops, settles  # noqa: F401 (the autouse fixture)
 
 
-def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it():
+def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it(monkeypatch):
     async def scenario() -> None:
         w = World()
         await w.warm("render", member="film")
@@ -32,7 +32,10 @@ def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it()
 
         w.clock.now += 3600  # down for one half-life
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
+        settled = settles(monkeypatch)
         await rebuild(again)
+        # The clocks and usage the lanes kept reach the core in one pass.
+        assert ["QueueServed", "UsageRestored", "TeamUsageRestored"] in settled, settled
         assert again.dispatcher.usage(w.clock())[(f"{NS}/film", 0)] == pytest.approx(entry["gpuSeconds"] / 2, rel=0.001)
         assert again.dispatcher.team_usage(w.clock())[(NS, 0)] == pytest.approx(team["gpuSeconds"] / 2, rel=0.001)
 
