@@ -129,7 +129,7 @@ async def start_webhook(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: A
     configure(
         settings, host=serving["host"], port=serving["port"], certfile=serving["certfile"], keyfile=serving["keyfile"]
     )
-    kube = Kube(ApiClient(await credentials(memo)), namespace="default")
+    kube = Kube(ApiClient(await credentials(memo)), namespace="default", agent="gpulane-admission")
     memo.admission = AdmissionState(kube, frozenset(serving.get("operators") or ()))
     await memo.admission.load()
 

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, keys: KeyRing, settings: BridgeSettings) -> None:
-    kube = Kube(await load_client(args.kubeconfig), args.namespace)
+    kube = Kube(await load_client(args.kubeconfig), args.namespace, agent="gpulane-bridge")
     queue = KubeJobQueue(kube, args.replica, args.lease_seconds, args.backend_namespace)
     await queue.start()
     bridge = Bridge(queue, keys, settings)

@@ -62,7 +62,7 @@ def chains_arguments(c: argparse.ArgumentParser) -> None:
 async def load(args: argparse.Namespace) -> Kube:
     """gpulane's one client through ``--kubeconfig`` (else in a pod its own account, $KUBECONFIG, ~/.kube/config)."""
     try:
-        return Kube(await load_client(args.kubeconfig), namespace="default")
+        return Kube(await load_client(args.kubeconfig), namespace="default", agent="gpulane-explain")
     except (ConfigException, FileNotFoundError) as err:
         raise SystemExit(f"error: no usable kubeconfig: {err}") from None
 

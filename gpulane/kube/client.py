@@ -20,6 +20,7 @@ from kubernetes.aio import client, config
 from kubernetes.aio.client.exceptions import ApiException
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
+from gpulane import __version__
 from gpulane.api.contract import EXECUTOR_LABEL, Body
 from gpulane.api.resources import GROUP, VERSION
 from gpulane.api.times import format_micro_time, format_time
@@ -123,7 +124,12 @@ async def load_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient, namespace: str, timeout: float = REQUEST_TIMEOUT) -> None:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, timeout: float = REQUEST_TIMEOUT, *, agent: str = "gpulane"
+    ) -> None:
+        # Who writes: the apiserver names a write's field manager (managedFields) after the user agent, and
+        # its audit log shows it; the client's own ("OpenAPI-Generator/...") would name every component alike.
+        api.user_agent = f"{agent}/{__version__}"
         self.api = api
         self.namespace = namespace  # where backend pods (and lane events) live
         self.timeout = timeout

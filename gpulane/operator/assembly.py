@@ -45,7 +45,7 @@ class Operator:
         """Build what is missing (kopf retries a failed startup: what a try made is kept), stand by until this
         replica leads, then rebuild the state from the API and start the controller's loops."""
         if self.controller is None:
-            self.kube = Kube(client.ApiClient(configuration), self.settings.namespace)
+            self.kube = Kube(client.ApiClient(configuration), self.settings.namespace, agent="gpulane-operator")
             ctl = self.controller = Controller(self.kube, self.settings)
             self.chains = Chains(ctl.kube, ctl.clock, ctl.spawn, lambda model: ctl.dispatcher.model(model).run_seconds,
                                  lambda: (ctl.observed.admission, ctl.dispatcher.policy),

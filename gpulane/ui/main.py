@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, keys: KeyRing | None) -> None:
     log = logging.getLogger(__name__)
-    kube = Kube(await load_client(args.kubeconfig), args.bridge_namespace)
+    kube = Kube(await load_client(args.kubeconfig), args.bridge_namespace, agent="gpulane-ui")
     store = Store()
     watching = asyncio.create_task(
         follow(store, lambda plural, deliver, on_state: watch_jobs(kube, None, None, deliver, on_state, plural=plural))

@@ -95,6 +95,10 @@ def test_chat_completions_through_the_bridge(setup: Setup) -> None:
     assert setup.model in answer.choices[0].message.content
     [job] = setup.all_succeeded()
     assert (job["spec"]["member"], job["spec"]["priority"]) == ("bob", 0)
+    # Each write named after its author (the apiserver takes the user agent): the bridge created the job and wrote
+    # its outcome as its executor, the operator queued and dispatched it.
+    writers = {(m["manager"], m.get("subresource")) for m in job["metadata"]["managedFields"]}
+    assert {("gpulane-bridge", None), ("gpulane-bridge", "status"), ("gpulane-operator", "status")} <= writers, writers
 
 
 def test_an_sdapi_call_and_an_upstream_call_are_queued_jobs_like_any_other(setup: Setup) -> None:

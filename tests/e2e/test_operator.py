@@ -35,6 +35,9 @@ def test_dispatch_order_follows_the_scores(world: World, operator: OperatorProce
         world.wait_phase(doc["metadata"]["name"], "Pending")
     queued = world.status("image-pro")
     assert queued["position"] == 1 and queued["positionExact"] is True and "estimatedStart" in queued
+    # The apiserver names each write's author after its user agent: the operator's, not the client library's.
+    writers = {(m["manager"], m.get("subresource")) for m in world.get("image-pro")["metadata"]["managedFields"]}
+    assert ("gpulane-operator", "status") in writers, writers
     assert queued["score"] == {
         "priority": 100,
         "tier": 1,
