@@ -62,7 +62,6 @@ class Controller:
         self.settings = settings or Settings()
         self.clock = clock
         self.dispatcher = Dispatcher(Policy(), clock, ModelCatalog())
-        self.policy_generation: int | None = None
         self.jobs = JobTable(self.dispatcher)
         self.observed = Observed()
         self.history = DispatchHistory()

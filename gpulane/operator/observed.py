@@ -1,6 +1,6 @@
 """What the operator has seen of the objects it does not own: GpuModels, backend pods, nodes,
-executors' Leases and the GpuPolicy's run limits. Watch events and the rebuild fill it; lanes, the
-status writer and deadlines read it."""
+executors' Leases and the GpuPolicy (its limits, caps and retention, and the generation in effect). Watch events
+and the rebuild fill it; lanes, the status writer and deadlines read it."""
 
 from __future__ import annotations
 
@@ -35,3 +35,4 @@ class Observed:
     pending_cap: int | None = None  # the GpuPolicy's admission.maxPendingPerNamespace
     member_pending_cap: int | None = None  # and its admission.maxPendingPerMember
     retention: Retention = field(default_factory=Retention)  # the GpuPolicy's ttlSecondsAfterFinished
+    policy_generation: int | None = None  # the GpuPolicy's generation in effect (a new one is validated again)

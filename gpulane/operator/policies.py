@@ -24,7 +24,6 @@ class Host(Protocol):
     clock: Callable[[], float]
     writes: JobWrites
     observed: Observed
-    policy_generation: int | None
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
     def use_policy(self, policy: Policy) -> None: ...
@@ -36,10 +35,10 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         host.use_policy(Policy())
         host.observed.run_limits, host.observed.pending_cap, host.observed.member_pending_cap = RunLimits(), None, None
         host.observed.retention, host.observed.admission = Retention(), AdmissionPolicy()
-        host.policy_generation = None
+        host.observed.policy_generation = None
         return
     generation = meta.get("generation")
-    if generation == host.policy_generation:
+    if generation == host.observed.policy_generation:
         return
     now = host.clock()
     try:
@@ -56,7 +55,7 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         host.observed.admission = parsed.admission
         host.observed.retention = parsed.ttl_seconds_after_finished
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
-    host.policy_generation = generation
+    host.observed.policy_generation = generation
     conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)
     fields = {"conditions": conditions, "observedGeneration": generation}
     status = GpuPolicyStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)

@@ -1294,6 +1294,12 @@ def test_policy_invalid_is_refused_and_valid_one_rejects_unknown_tiers():
         assert [j.id for j in w.ctl.dispatcher.ranking.pending()] == [f"{NS}/free-job"]
         assert "status" not in w.kube.job("free-job")
 
+        written = len(w.kube.calls_of("patch_cluster_status", "gpupolicies/default"))
+        w.ctl.policy_event("MODIFIED", w.kube.get("gpupolicies/default"))  # its status write, seen back
+        await w.settle()
+        assert len(w.kube.calls_of("patch_cluster_status", "gpupolicies/default")) == written, "checked once"
+        assert w.ctl.observed.policy_generation == 2
+
     asyncio.run(scenario())
 
 
