@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +36,24 @@ def test_the_dispatch_bench_times_the_forecasts_fork():
     *_, row = bench("bench/dispatch.py", "--pending", "300", "--forks", "3")
     pending, median, most = row.split()
     assert pending == "300" and 0 < float(median) <= float(most)
+
+
+def test_the_gc_report_sets_the_dispatches_beside_the_apiservers_cycles(tmp_path):
+    """bench/gctrace.py reads Go's gctrace lines after the log's last start: a cycle from 10.0 to 14.5 s after it."""
+    log = tmp_path / "kube-apiserver.log"
+    log.write_text(
+        "=== 2026-12-06T10:59:50+00:00 starting: kube-apiserver (an earlier start: its cycles are not this one's)\n"
+        "gc 9 @19.000s 3%: 0.1+900+0.05 ms clock, 0.2+1/2/0+0.1 ms cpu, 10->12->6 MB, 12 MB goal, 2 P\n"
+        "=== 2026-12-06T11:00:00+00:00 starting: kube-apiserver\n"
+        "I1206 11:00:01 some other line\n"
+        "gc 1 @10.000s 12%: 0.25+4499.7+0.05 ms clock, 0.5+492/867/0+0.16 ms cpu, 1313->1544->1660 MB, "
+        "1543 MB goal, 5 MB stacks, 0 MB globals, 2 P\n"
+    )
+    start = 1796554800.0  # 2026-12-06T11:00:00Z
+    timeline = tmp_path / "timeline.txt"  # start (s), dispatch (ms), trip after it (ms)
+    timeline.write_text(f"{start + 8:.3f} 30.0 12.0\n{start + 11:.3f} 200.0 90.0\n{start + 16:.3f} 31.0 11.0\n")
+    report = json.loads("\n".join(bench("bench/gctrace.py", str(timeline), "--log", str(log), "--slowest", "1")))
+    assert report["gc_cycles_in_window"] == 1 and report["live_heap_mb_after_gc"] == 1660
+    assert report["share_of_dispatches_overlapping_gc"] == round(1 / 3, 3)
+    assert report["slowest"] == [{"ms": 200.0, "trip_ms": 90.0, "during_gc": True}]
+    assert (report["median_ms_overlapping_gc"], report["median_ms_clear_of_gc"]) == (200.0, 30.5)
