@@ -252,7 +252,7 @@ class Controller:
         name = meta["name"]
         runner = self.lanes.get(name)
         if kind == "DELETED":
-            lane_rules.lane_changed(self, name, None, None)
+            self.settle(lane_rules.lane_changed(self, name, None, None))
             if runner is not None:
                 self.backend_failed(name, "LaneRemoved", f"GpuLane {name} was deleted")
                 self.apply(LaneUpdated(name, online=False))
@@ -266,7 +266,7 @@ class Controller:
         except ValidationError as err:
             log.error("GpuLane %s is invalid: %s", name, describe(err, "spec"))
             return
-        lane_rules.lane_changed(self, name, dict(meta.get("labels") or {}), spec)
+        self.settle(lane_rules.lane_changed(self, name, dict(meta.get("labels") or {}), spec))
         if runner is not None:
             runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
             intake = Intake()

@@ -1,6 +1,7 @@
 """What a GpuLane's labels, ``reservedFor`` and ``memoryMib`` mean for scheduling: the models whose
 ``laneSelector`` matches the lane may run there, the namespaces it is reserved for go first on it (others borrow
-it meanwhile), and the models of one server whose memory fits stay loaded there together."""
+it meanwhile), and the models of one server whose memory fits stay loaded there together. What a lane's event tells
+the core comes back as an ``Intake``, for the controller to settle."""
 
 from __future__ import annotations
 
@@ -21,12 +22,10 @@ class Host(Protocol):
     observed: Observed
     status: StatusWriter
 
-    def settle(self, intake: Intake) -> None: ...
 
-
-def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> None:
+def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> Intake:
     """A GpuLane appeared or changed (its ``labels`` and ``spec``), or went (both None): what the core must hear
-    of it, settled at once."""
+    of it, to settle at once."""
     owners = None if spec is None or spec.reserved_for is None else frozenset(spec.reserved_for.namespaces)
     core = host.dispatcher.lane_state(lane)
     intake = Intake()
@@ -35,8 +34,7 @@ def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: Gpu
     if spec is not None and (core is None or core.memory_mib != (spec.memory_mib or 0)):
         intake.events.append(LaneMemory(lane, spec.memory_mib or 0))
     _repin(host, lane, labels, intake)
-    if intake.events:
-        host.settle(intake)
+    return intake
 
 
 def _repin(host: Host, lane: str, labels: dict[str, str] | None, intake: Intake) -> None:
