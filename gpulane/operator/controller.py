@@ -304,4 +304,4 @@ class Controller:
             refusal = policy_refusal(policy, view.job.priority, view.job.tier)
             if refusal is not None:
                 self.jobs.reject(view, refusal.message, intake)
-        effects.settle(self, intake)
+        self.settle(intake)

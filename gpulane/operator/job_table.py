@@ -319,12 +319,12 @@ class JobTable:
             intake.freed.append(Freed(view, lane, run_seconds))
         return intake
 
-    def reject(self, view: JobView, reason: str, intake: Intake) -> Intake:
-        """A waiting job the current policy cannot rank leaves, failed with PolicyRejected."""
+    def reject(self, view: JobView, reason: str, intake: Intake) -> None:
+        """A waiting job the current policy cannot rank leaves; its write (failed with PolicyRejected) goes into
+        ``intake``."""
         if self.release(view):
             body = {"metadata": {"namespace": view.namespace, "name": view.name, "uid": view.uid}}
             intake.writes.append(Refuse(body, Refusal("PolicyRejected", reason)))
-        return intake
 
     def _wait(self, view: JobView, waiting: bool) -> None:
         for bucket in (view.namespace, (view.namespace, view.job.member)):
