@@ -102,6 +102,7 @@ bench-operator: install tools
 	$(BIN)/python bench/operator.py swap
 	$(BIN)/python bench/admission.py
 	$(BIN)/python bench/bridge.py
+	$(BIN)/python bench/apiserver_writes.py
 
 bench-chaos: install tools
 	$(BIN)/python bench/chaos.py --minutes 16 --seed 1

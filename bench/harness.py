@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import queue
 import sys
 import tempfile
@@ -32,6 +33,11 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return round(int(line.split()[1]) / 1024, 1)
     return 0.0
+
+
+def machine() -> str:
+    """The machine a figure was measured on, as docs/benchmarks.md records it."""
+    return f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
 
 
 def cpu_seconds(pid: int) -> float:

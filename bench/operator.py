@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -53,6 +52,7 @@ from harness import (
     bench_world,
     cpu_seconds,
     create_jobs,
+    machine,
     machine_ticks,
     peak_rss_mib,
     pids_named,
@@ -407,7 +407,7 @@ def main() -> None:
         result = shards_versus(bench, args)
     else:
         result = versus(bench, args) if args.base else bench(args)
-    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    result["machine"] = machine()
     print(json.dumps(result, indent=1))
 
 

@@ -42,19 +42,6 @@ class Kind(CamelModel):
     spec_required: bool = True
 
 
-def _written_once(field: str, *, requeue: bool) -> dict[str, str]:
-    """A status field that, once set, keeps its value: a dispatch happens once, to one lane and pod. With
-    ``requeue`` the field may go when a Dispatching job goes back to Pending (its load yielded)."""
-    kept = f"(has(self.status.{field}) && self.status.{field} == oldSelf.status.{field})"
-    if requeue:
-        back = "(has(self.status.phase) && self.status.phase == 'Pending' && has(oldSelf.status.phase) && "
-        kept = f"({kept} || {back}oldSelf.status.phase == 'Dispatching'))"
-    return {
-        "rule": f"!has(oldSelf.status) || !has(oldSelf.status.{field}) || (has(self.status) && {kept})",
-        "message": f"status.{field} is written once" + (" (a yielded load's requeue aside)" if requeue else ""),
-    }
-
-
 def _col(name: str, kind: str, path: str, priority: int = 0) -> PrinterColumn:
     return PrinterColumn.model_validate({"name": name, "type": kind, "jsonPath": path, "priority": priority})
 
@@ -67,19 +54,12 @@ KINDS: tuple[Kind, ...] = (
         scope="Namespaced",
         spec=GpuJobSpec,
         status=GpuJobStatus,
+        # The spec's and the status's own rules sit on those objects (resources.py), where each reads fewer
+        # fields than from the root: every field a CEL rule reads costs the apiserver on every status write
+        # (docs/benchmarks.md, "what a status write costs the apiserver"). They only run when both the old and
+        # the new object have the status; this one keeps a written status from being removed.
         rules=[
-            # The field rule only sees changes of a set value; this one also refuses adding or removing it.
-            {"rule": "has(self.spec.member) == has(oldSelf.spec.member)", "message": "spec.member is immutable"},
-            {"rule": "has(self.spec.tier) == has(oldSelf.spec.tier)", "message": "spec.tier is immutable"},
-            # An ended job stays ended, whoever writes: a finished job turned Running would take a lane.
-            {
-                "rule": "!has(oldSelf.status) || !has(oldSelf.status.phase) || "
-                "!(oldSelf.status.phase in ['Succeeded', 'Failed', 'Cancelled']) || "
-                "(has(self.status) && has(self.status.phase) && self.status.phase == oldSelf.status.phase)",
-                "message": "status.phase is final once Succeeded, Failed or Cancelled",
-            },
-            *(_written_once(field, requeue=field != "endpoint") for field in ("lane", "endpoint", "dispatchedAt")),
-            _written_once("submittedAt", requeue=False),
+            {"rule": "!has(oldSelf.status) || has(self.status)", "message": "status cannot be removed once written"}
         ],
         columns=[
             _col("Phase", "string", ".status.phase"),

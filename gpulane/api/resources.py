@@ -114,6 +114,9 @@ class GpuJobSpec(CamelModel):
         "json_schema_extra": {"x-kubernetes-validations": [
             {"rule": f"!has(self.request) || ({upstream_model_rule('self.request')})",
              "message": UPSTREAM_MODEL_MESSAGE},
+            # The field rule only sees changes of a set value; these also refuse adding or removing it.
+            {"rule": "has(self.member) == has(oldSelf.member)", "message": "spec.member is immutable"},
+            {"rule": "has(self.tier) == has(oldSelf.tier)", "message": "spec.tier is immutable"},
         ]}
     }  # fmt: skip
 
@@ -191,7 +194,32 @@ class Story(CamelModel):
     load: bool  # it had to wait for its model to load
 
 
+def _written_once(field: str, *, requeue: bool) -> JsonDict:
+    """A status field that, once set, keeps its value: a dispatch happens once, to one lane and pod. With
+    ``requeue`` the field may go when a Dispatching job goes back to Pending (its load yielded)."""
+    kept = f"(has(self.{field}) && self.{field} == oldSelf.{field})"
+    if requeue:
+        back = "has(self.phase) && self.phase == 'Pending' && has(oldSelf.phase) && oldSelf.phase == 'Dispatching'"
+        kept = f"({kept} || ({back}))"
+    return {
+        "rule": f"!has(oldSelf.{field}) || {kept}",
+        "message": f"status.{field} is written once" + (" (a yielded load's requeue aside)" if requeue else ""),
+    }
+
+
 class GpuJobStatus(CamelModel):
+    # Whoever writes: an ended job stays ended (a finished job turned Running would take a lane), and what a
+    # dispatch wrote stays.
+    model_config = CamelModel.model_config | {
+        "json_schema_extra": {"x-kubernetes-validations": [
+            {"rule": "!has(oldSelf.phase) || !(oldSelf.phase in ['Succeeded', 'Failed', 'Cancelled']) || "
+                     "(has(self.phase) && self.phase == oldSelf.phase)",
+             "message": "status.phase is final once Succeeded, Failed or Cancelled"},
+            *(_written_once(field, requeue=field != "endpoint") for field in ("lane", "endpoint", "dispatchedAt")),
+            _written_once("submittedAt", requeue=False),
+        ]}
+    }  # fmt: skip
+
     phase: Phase | None = None
     position: int | None = Field(default=None, ge=1)
     # True when position and estimatedStart are exact; beyond the first jobs of a lane they are rounded.

@@ -315,7 +315,12 @@ def test_with_the_webhook_down_a_running_job_still_ends_and_the_next_is_dispatch
 
 
 def status_patch(world: World, name: str, *as_: str, **fields: Any) -> Any:
-    ops = [{"op": "add", "path": f"/status/{key}", "value": value} for key, value in fields.items()]
+    return _status_ops(
+        world, name, [{"op": "add", "path": f"/status/{key}", "value": v} for key, v in fields.items()], *as_
+    )
+
+
+def _status_ops(world: World, name: str, ops: list[dict[str, Any]], *as_: str) -> Any:
     return world.cluster.kubectl("patch", "gpujob", name, "-n", world.namespace, "--subresource=status",
                                  "--type=json", "-p", json.dumps(ops), *as_, check=False)  # fmt: skip
 
@@ -349,6 +354,11 @@ def test_only_the_operator_writes_dispatch_fields_and_an_ended_job_stays_ended(
     ):
         rewritten = status_patch(world, "first", **{field: value})
         assert rewritten.returncode != 0 and f"status.{field} is written once" in rewritten.stderr, rewritten.stderr
+        removed = _status_ops(world, "first", [{"op": "remove", "path": f"/status/{field}"}])
+        assert removed.returncode != 0 and f"status.{field} is written once" in removed.stderr, removed.stderr
+    # Nor goes with the whole status (the status's own rules only judge a status that is still there).
+    wiped = _status_ops(world, "first", [{"op": "remove", "path": "/status"}])
+    assert wiped.returncode != 0 and "status cannot be removed once written" in wiped.stderr, wiped.stderr
 
     ended = status_patch(world, "first", *executor, phase="Succeeded", finishedAt="2026-12-02T00:00:00Z")
     assert ended.returncode == 0, ended.stderr

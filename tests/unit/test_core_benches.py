@@ -57,3 +57,30 @@ def test_the_gc_report_sets_the_dispatches_beside_the_apiservers_cycles(tmp_path
     assert report["share_of_dispatches_overlapping_gc"] == round(1 / 3, 3)
     assert report["slowest"] == [{"ms": 200.0, "trip_ms": 90.0, "during_gc": True}]
     assert (report["median_ms_overlapping_gc"], report["median_ms_clear_of_gc"]) == (200.0, 30.5)
+
+
+def test_the_apiserver_write_bench_strips_every_cel_rule_and_nothing_else(monkeypatch):
+    """bench/apiserver_writes.py sets the GpuJob CRD beside itself without its CEL rules, in a group of its own."""
+    import yaml
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    writes = __import__("apiserver_writes")
+    crd = yaml.safe_load((ROOT / "crds/gpulane.io_gpujobs.yaml").read_text())
+    bare = writes.in_group(crd, "nocel.bench.gpulane.io", rules=False)
+    assert bare["metadata"]["name"] == "gpujobs.nocel.bench.gpulane.io"
+    assert bare["spec"]["group"] == "nocel.bench.gpulane.io"
+    assert "x-kubernetes-validations" in json.dumps(crd) and "x-kubernetes-validations" not in json.dumps(bare)
+    kept = writes.in_group(crd, "this.bench.gpulane.io")
+    assert kept["spec"]["versions"] == crd["spec"]["versions"] and crd["spec"]["group"] == "gpulane.io"
+
+    def paths(node, at=""):  # every key path of the schema, rules left out
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key != "x-kubernetes-validations":
+                    yield f"{at}/{key}"
+                    yield from paths(value, f"{at}/{key}")
+
+    assert set(paths(bare["spec"]["versions"])) == set(paths(crd["spec"]["versions"]))
+    assert writes.allocated_bytes("# HELP x\ngo_memstats_alloc_bytes_total 1.5e+09\n") == 1.5e9
+    with pytest.raises(ValueError, match="go_memstats_alloc_bytes_total"):
+        writes.allocated_bytes("process_cpu_seconds_total 3\n")

@@ -165,7 +165,8 @@ def test_gpujob_spec() -> None:
     rules = {r["rule"]: r["message"] for r in priority["x-kubernetes-validations"]}
     assert rules["self == oldSelf"] == "priority is immutable"
     assert rules[PRIORITY_RULE] == PRIORITY_MESSAGE
-    assert {"message": "spec.member is immutable", "rule": "has(self.spec.member) == has(oldSelf.spec.member)"} in root[
+    # On the spec, not the root: a rule reads fewer fields there, and each read costs every status write.
+    assert {"message": "spec.member is immutable", "rule": "has(self.member) == has(oldSelf.member)"} in spec[
         "x-kubernetes-validations"
     ]
     assert {"message": "model is immutable", "rule": "self == oldSelf"} in spec["properties"]["model"][
@@ -190,6 +191,25 @@ def test_gpujob_status() -> None:
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
     assert conditions["items"]["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
+
+
+def test_gpujob_status_rules_read_the_status_and_the_root_keeps_it() -> None:
+    """The status's rules sit on the status and read ``self.phase``, not ``self.status.phase`` from the root:
+    a status write cost the apiserver 1.2 MiB and 6.9 ms with them on the root. They only run while the new
+    status is there, so the root refuses removing it."""
+    root = _root("GpuJob")
+    rules = {r["message"]: r["rule"] for r in root["properties"]["status"]["x-kubernetes-validations"]}
+    assert set(rules) == {
+        "status.phase is final once Succeeded, Failed or Cancelled",
+        "status.lane is written once (a yielded load's requeue aside)",
+        "status.endpoint is written once",
+        "status.dispatchedAt is written once (a yielded load's requeue aside)",
+        "status.submittedAt is written once",
+    }
+    assert all("self.status" not in rule and "oldSelf.status" not in rule for rule in rules.values())
+    assert root["x-kubernetes-validations"] == [
+        {"rule": "!has(oldSelf.status) || has(self.status)", "message": "status cannot be removed once written"}
+    ]
 
 
 @pytest.mark.parametrize(("name", "short"), [("GpuModel", "gm"), ("GpuLane", "gl"), ("GpuPolicy", "gp")])
