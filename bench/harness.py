@@ -124,12 +124,13 @@ class Bench:
 
 
 @contextlib.contextmanager
-def bench_world(*operator_args: str) -> Iterator[Bench]:
-    """The local control plane (started if none runs), crds/ applied, the operator running, and a
-    namespace of the bench's own; all but the cluster removed afterwards."""
+def bench_world(*operator_args: str, crds: Path = REPO / "crds") -> Iterator[Bench]:
+    """The local control plane (started if none runs), ``crds`` applied (a base commit's, to set its rules
+    beside this tree's), the operator running, and a namespace of the bench's own; all but the cluster
+    removed afterwards."""
     info = localcluster.up(log=lambda m: print(m, file=sys.stderr))
     cluster = Cluster(info, info.started)
-    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    cluster.kubectl("apply", "-f", str(crds))
     cluster.kubectl("create", "namespace", "gpulane-system", check=False)
     api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
     namespace = f"bench-{uuid.uuid4().hex[:5]}"
@@ -146,6 +147,8 @@ def bench_world(*operator_args: str) -> Iterator[Bench]:
     try:
         yield Bench(cluster, api, world, operator, namespace, work)
     finally:
+        if crds != REPO / "crds":  # this tree's again, however the run ended
+            cluster.kubectl("apply", "-f", str(REPO / "crds"))
         world.cleanup()
         operator.stop()
         delete_jobs(world)  # the operator, stopped, adds no finalizer any more

@@ -84,7 +84,7 @@ def shards_of(bench: Any, args: argparse.Namespace, stack: contextlib.ExitStack,
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_world(*args.operator_args) as bench, contextlib.ExitStack() as stack:
+    with bench_world(*args.operator_args, crds=args.crds) as bench, contextlib.ExitStack() as stack:
         api, world, namespace = bench.api, bench.world, bench.namespace
         shards = shards_of(bench, args, stack, "warm")
         operators = [operator for operator, _, _ in shards]
@@ -219,7 +219,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def swap(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_world(*args.operator_args) as bench:
+    with bench_world(*args.operator_args, crds=args.crds) as bench:
         world = bench.world
         watcher = PhaseWatch(bench.api, bench.namespace)
         pods = PodWatch(bench.api, OPERATOR_NAMESPACE)
@@ -264,7 +264,7 @@ def swap(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def scale(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_world(*args.operator_args) as bench, contextlib.ExitStack() as stack:
+    with bench_world(*args.operator_args, crds=args.crds) as bench, contextlib.ExitStack() as stack:
         api, world, namespace = bench.api, bench.world, bench.namespace
         # The jobs are spread over the shards' models.
         made = shards_of(bench, args, stack, "busy")
@@ -356,11 +356,12 @@ def shards_versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The bench against the base commit's operator and this tree's, alternated so that a drifting machine
-    slows both alike; the base's ``gpulane`` is imported first through PYTHONPATH (``git archive``)."""
+    slows both alike; the base's ``gpulane`` is imported first through PYTHONPATH (``git archive``), and its
+    ``crds/`` are applied for its rounds (a CRD's rules are part of what a status write costs the apiserver)."""
     runs: dict[str, list[dict[str, Any]]] = {"base": [], "this": []}
     with tempfile.TemporaryDirectory() as tmp:
         tree = subprocess.run(
-            ["git", "-C", str(REPO), "archive", args.base, "gpulane"], check=True, capture_output=True
+            ["git", "-C", str(REPO), "archive", args.base, "gpulane", "crds"], check=True, capture_output=True
         )
         subprocess.run(["tar", "-x", "-C", tmp], input=tree.stdout, check=True)
         for _ in range(args.versus_rounds):
@@ -368,7 +369,8 @@ def versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
                 os.environ.pop("PYTHONPATH", None)
                 if which == "base":
                     os.environ["PYTHONPATH"] = tmp  # the operator process inherits it
-                runs[which].append(bench(args))
+                crds = Path(tmp) / "crds" if which == "base" else args.crds  # each side with its own CRDs
+                runs[which].append(bench(argparse.Namespace(**{**vars(args), "crds": crds})))
         os.environ.pop("PYTHONPATH", None)
     numbers = [k for k, v in runs["this"][0].items() if isinstance(v, int | float)]
     pairs = {k: [t[k] / b[k] for b, t in zip(runs["base"], runs["this"], strict=True) if b[k]] for k in numbers}
@@ -398,6 +400,7 @@ def main() -> None:
         p.add_argument("--shards", type=int, default=1, help="operators, each with its lanes and model (--shard)")
         p.add_argument("--shards-versus", type=int, help="one shard then this many, alternated (--versus-rounds)")
     for p in (lat, sc, sw):
+        p.set_defaults(crds=REPO / "crds")
         p.add_argument("--operator-args", nargs="*", default=[], help="extra arguments for gpulane operator")
         p.add_argument("--base", help="also run the operator of this commit, alternated round by round")
         p.add_argument("--versus-rounds", type=int, default=2, help="rounds of base then this tree (with --base)")
