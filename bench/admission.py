@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness import REPO
+from harness import REPO, machine
 from kubernetes import client, config
 
 from gpulane.admission import cel
@@ -207,7 +205,7 @@ def main() -> None:
         world.cleanup()
         for ns in namespaces.values():
             core.delete_namespace(ns)
-    results["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    results["machine"] = machine()
     print(json.dumps(results, indent=1))
 
 

@@ -160,12 +160,12 @@ def main() -> None:
         for side, (b, c, w) in medians.items():
             report[side] = {"kib_per_write": round(b / 1024), "cpu_ms_per_write": round(c * 1000, 2),
                             "wall_ms_per_write": round(w * 1000, 2)}  # fmt: skip
-        this = medians["as generated"]
+        generated = medians["as generated"]
         for side in list(groups)[1:]:  # the CRD as generated over each other side
             other = medians[side]
             report[f"as generated / {side}"] = {
-                "bytes": round(this[0] / other[0], 2),
-                "cpu": round(this[1] / other[1], 2),
+                "bytes": round(generated[0] / other[0], 2),
+                "cpu": round(generated[1] / other[1], 2),
             }
         print(json.dumps(report, indent=2))
 

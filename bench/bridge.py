@@ -26,15 +26,13 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import platform
 import statistics
 import time
 from typing import Any
 
 import openai
 import yaml
-from harness import PhaseWatch, bench_world, create_jobs, peak_rss_mib
+from harness import PhaseWatch, bench_world, create_jobs, machine, peak_rss_mib
 
 from gpulane.core.sim.report import percentile  # the one percentile definition (type 7)
 from tests.e2e.operator_support import BridgeProcess, FakeBackendProcess
@@ -148,7 +146,7 @@ def main() -> None:
             result[side]["overhead_over_warm_dispatch_p50"] = round(result[side]["overhead"]["p50_ms"] / dispatch, 2)
         assert bridge.proc is not None
         result["bridge_peak_rss_mib"] = peak_rss_mib(bridge.proc.pid)
-    result["machine"] = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    result["machine"] = machine()
     print(json.dumps(result, indent=1))
 
 

@@ -37,7 +37,6 @@ import collections
 import contextlib
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -52,7 +51,7 @@ import httpx2
 import openai
 import yaml
 from checker import TERMINAL, Fault, Record, Watcher, metrics_problems
-from harness import REPO
+from harness import REPO, machine
 from kubernetes import client, config
 
 from tests.e2e.operator_support import World
@@ -579,10 +578,9 @@ def main() -> None:
         finally:
             if not args.keep:
                 chaos.remove()
-    machine = f"{platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
     # One profile: its report as it always was; several: side by side.
     report = next(iter(reports.values())) if len(reports) == 1 else {"profiles": reports}
-    report["machine"] = machine
+    report["machine"] = machine()
     print(json.dumps(report, indent=1))
     sys.exit(0 if all(r["promises_kept"] for r in reports.values()) else 1)
 

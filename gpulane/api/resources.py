@@ -212,7 +212,7 @@ class GpuJobStatus(CamelModel):
     # dispatch wrote stays.
     model_config = CamelModel.model_config | {
         "json_schema_extra": {"x-kubernetes-validations": [
-            {"rule": "!has(oldSelf.phase) || !(oldSelf.phase in ['Succeeded', 'Failed', 'Cancelled']) || "
+            {"rule": f"!has(oldSelf.phase) || !(oldSelf.phase in {sorted(TERMINAL_PHASES)}) || "
                      "(has(self.phase) && self.phase == oldSelf.phase)",
              "message": "status.phase is final once Succeeded, Failed or Cancelled"},
             *(_written_once(field, requeue=field != "endpoint") for field in ("lane", "endpoint", "dispatchedAt")),
