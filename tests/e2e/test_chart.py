@@ -762,6 +762,26 @@ def test_each_shard_gets_an_operator_deployment_of_its_own_with_its_lease(cluste
     assert leases["resourceNames"] == ["gpulane-operator", "gpulane-operator-big", "gpulane-operator-video"]
 
 
+def test_the_shards_share_the_status_write_budget(cluster: Cluster) -> None:
+    """The budget bounds what the status writers ask of one apiserver: three shards at the default 500 write at
+    most 166.7 a second each, not 500 each (a burst then cost two shards 7,100 writes against one's 5,200)."""
+
+    def budgets(*values: str) -> set[float]:
+        out = rendered(cluster, *values)
+        args = [
+            arg
+            for (kind, _), doc in out.items()
+            if kind == "Deployment" and doc["metadata"]["labels"]["app.kubernetes.io/component"] == "operator"
+            for arg in doc["spec"]["template"]["spec"]["containers"][0]["args"]
+        ]
+        return {float(a.split("=", 1)[1]) for a in args if a.startswith("--status-writes-per-second=")}
+
+    assert budgets() == {500.0}
+    [three] = budgets("--set", "operator.shards={big,video}")
+    assert three == pytest.approx(500 / 3)
+    assert budgets("--set", "operator.shards={big}", "--set", "operator.statusWritesPerSecond=120") == {60.0}
+
+
 def test_observability_and_the_helm_test_are_optional_and_render(cluster: Cluster) -> None:
     bridge = ["--set", "bridge.enabled=true", "--set", "bridge.keys.existingSecret=keys"]
     plain = rendered(cluster, *bridge, "--set", "networkPolicy.enabled=false")
