@@ -15,7 +15,8 @@ reacts to (a no-op status patch of a finished job). A dispatch needs two such tr
 reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
 operator's own part; the same trip once the operator has stopped (``apiserver_idle_round_trip_*``) is the
 apiserver's tail with nothing else writing. The timing starts once every job shows its phase and the operator
-has gone quiet (3 s without an API write but its Lease's, under 5% of a core), or after 600 s; the report says which
+has gone quiet (3 s without an API write but its Lease's, under 5% of a core, and the apiserver under 20% of one:
+no garbage collection of a burst's aftermath), or after 600 s; the report says which
 (``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest dispatches with the trip
 timed right after each, and the p99 of each dispatch less twice that trip (``operator_part_p99_ms``): whether a
 tail is the apiserver's or the operator's.

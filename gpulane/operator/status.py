@@ -60,6 +60,11 @@ REFRESH_WRITES = 4
 # pass moved the head's exact positions again, and rewriting them every pass took a seventh of the writes
 # (16,005 of 116,005 at 100,000 jobs) from the apiserver that the first positions and the creations share.
 REFRESH_DEFER_SECONDS = 10.0
+# Past this many places from a lane's head, exact positions that moved are rewritten at most every
+# REFRESH_DEFER_SECONDS too, burst or not: each dispatch moves all of them by one, and with short jobs (a bridge's
+# chat calls, a dispatch a second) rewriting every one every pass made a write per waiting job per dispatch. The
+# head's, which its submitters watch count down, go every pass; estimatedAt says when each was computed.
+HEAD_POSITIONS = 10
 # And rounded positions whose bucket changed, this often: arrivals of several members interleave, so in a burst
 # a bucket boundary is crossed by hundreds of jobs every few seconds (14,793 rewrites at 100,000 jobs with the
 # 10 s above). A rounded position is a rough figure; its estimatedAt says how old it is.
@@ -106,6 +111,11 @@ def _exact(write: Write) -> bool:
     return bool(write[2].get("positionExact", True))
 
 
+def _deep(write: Write) -> bool:
+    """A rewrite of an exact position past the head's ``HEAD_POSITIONS``."""
+    return write[0].written is not None and _exact(write) and (write[2].get("position") or 0) > HEAD_POSITIONS
+
+
 class StatusHost(Protocol):
     """What the status writer reads: nothing here is written but statuses."""
 
@@ -136,6 +146,7 @@ class StatusWriter:
         self._began = self.monotonic()  # when the last pass began
         self._refreshed = -math.inf  # when the last pass that rewrote moved exact positions began
         self._rounded = -math.inf  # and rounded ones
+        self._deep = -math.inf  # and exact ones past the head's
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
@@ -222,6 +233,8 @@ class StatusWriter:
             full = self._full_due()
             writes = sorted(await self._queue_writes(now, full), key=lambda w: w[0].written is not None)
             firsts = sum(1 for w in writes if w[0].written is None)
+            if began - self._deep < REFRESH_DEFER_SECONDS and any(_deep(w) for w in writes):
+                writes, self.dirty = [w for w in writes if not _deep(w)], True  # the rest when due
             if 0 < firsts < len(writes):  # a burst: the refreshes once it is written, or now and then
                 exact_due = began - self._refreshed >= REFRESH_DEFER_SECONDS
                 rounded_due = began - self._rounded >= ROUNDED_DEFER_SECONDS
@@ -242,6 +255,8 @@ class StatusWriter:
                 self._refreshed = began
             if any(not _exact(w) for w in refreshed):
                 self._rounded = began
+            if any(_deep(w) for w in refreshed):
+                self._deep = began
         first, refresh = asyncio.Semaphore(FIRST_WRITES), asyncio.Semaphore(REFRESH_WRITES)
 
         async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:

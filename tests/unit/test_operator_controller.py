@@ -1405,6 +1405,41 @@ def test_a_dispatch_rewrites_the_far_positions_only_where_a_job_crosses_a_bucket
     asyncio.run(scenario())
 
 
+def test_past_the_heads_places_moved_exact_positions_are_rewritten_now_and_then():
+    """With a dispatch every second (short jobs), every exact position moves every pass: that rewrote each waiting
+    job once per dispatch. The head's HEAD_POSITIONS places go every pass; the exact positions past them at most
+    every REFRESH_DEFER_SECONDS, and then where the jobs are by then."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=50, status_writes_per_second=10_000))
+        clock = [1000.0]
+        w.ctl.status.monotonic = lambda: clock[0]
+        await w.warm("run")
+        head, due = status_module.HEAD_POSITIONS, int(status_module.REFRESH_DEFER_SECONDS)
+        names = [f"q{i:02d}" for i in range(head + due + 10)]
+        for i, name in enumerate(names):
+            w.submit(name, created=T0 + 1 + i)
+        await w.ctl.status.flush()  # every first position
+        passes = []
+        for second in range(1, 2 * due + 1):
+            clock[0] += 1
+            w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/{names[second - 1]}"))  # everyone moves up
+            mark = len(w.kube.calls)
+            await w.ctl.status.flush()
+            passes.append({n: as_merge(p)["status"]["position"] for n, p in statuses(w.kube, mark)})
+        for second, written in enumerate(passes, start=1):
+            waiting = names[second:]
+            # The head's places every pass, each where it is.
+            assert {n: written[n] for n in waiting[:head]} == {n: i + 1 for i, n in enumerate(waiting[:head])}
+            past = {n: position for n, position in written.items() if n not in waiting[:head]}
+            if (second - 1) % due:
+                assert past == {}, (second, past)
+            else:  # the first move at once, then every REFRESH_DEFER_SECONDS: all of them, where they are now
+                assert past == {n: i + 1 for i, n in enumerate(waiting) if i >= head}, (second, past)
+
+    asyncio.run(scenario())
+
+
 def counted_forecasts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The forecast steps each status pass takes, one count per pass."""
     passes: list[int] = []
