@@ -15,8 +15,8 @@ reacts to (a no-op status patch of a finished job). A dispatch needs two such tr
 reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
 operator's own part; the same trip once the operator has stopped (``apiserver_idle_round_trip_*``) is the
 apiserver's tail with nothing else writing. The timing starts once every job shows its phase and the operator
-has gone quiet (3 s without an API write but its Lease's, under 5% of a core, and the apiserver under 20% of one:
-no garbage collection of a burst's aftermath), or after 600 s; the report says which
+has gone quiet (15 s without an API write but its Lease's, under 5% of a core, and the apiserver under 20% of one:
+no garbage collection of a burst's aftermath, whose cycles came every 10 s), or after 600 s; the report says which
 (``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest dispatches with the trip
 timed right after each, and the p99 of each dispatch less twice that trip (``operator_part_p99_ms``): whether a
 tail is the apiserver's or the operator's.
@@ -106,7 +106,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             _at, name, obj = watcher.until(lambda n, p, o: p is not None, timeout=max(1.0, deadline - time.monotonic()))
             phases[name] = obj["status"]["phase"]
         running = {name for name, phase in phases.items() if phase == "Running"}
-        settling, settling_writes, quiet = wait_quiet(operators)
+        settling, settling_writes, quiet = wait_quiet(operators, quiet=15.0)  # longer than a GC cycle's period
         before = [operator.metrics() for operator in operators]
         pids = [operator.proc.pid for operator in operators if operator.proc is not None]
         cpu = sum(map(cpu_seconds, pids))
