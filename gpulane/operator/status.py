@@ -60,10 +60,11 @@ REFRESH_WRITES = 4
 # pass moved the head's exact positions again, and rewriting them every pass took a seventh of the writes
 # (16,005 of 116,005 at 100,000 jobs) from the apiserver that the first positions and the creations share.
 REFRESH_DEFER_SECONDS = 10.0
-# Past this many places from a lane's head, exact positions that moved are rewritten at most every
-# REFRESH_DEFER_SECONDS too, burst or not: each dispatch moves all of them by one, and with short jobs (a bridge's
-# chat calls, a dispatch a second) rewriting every one every pass made a write per waiting job per dispatch. The
-# head's, which its submitters watch count down, go every pass; estimatedAt says when each was computed.
+# Past this many places from the queue's head (the next jobs to start, on any lane), exact positions that moved
+# are rewritten at most every REFRESH_DEFER_SECONDS too, burst or not: each dispatch moves all of them by one, and
+# with short jobs (a bridge's chat calls, a dispatch a second) rewriting every one every pass made a write per
+# waiting job per dispatch. The head's, which its submitters watch count down, go every pass; estimatedAt says
+# when each was computed.
 HEAD_POSITIONS = 10
 # And rounded positions whose bucket changed, this often: arrivals of several members interleave, so in a burst
 # a bucket boundary is crossed by hundreds of jobs every few seconds (14,793 rewrites at 100,000 jobs with the
