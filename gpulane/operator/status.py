@@ -60,11 +60,11 @@ REFRESH_WRITES = 4
 # pass moved the head's exact positions again, and rewriting them every pass took a seventh of the writes
 # (16,005 of 116,005 at 100,000 jobs) from the apiserver that the first positions and the creations share.
 REFRESH_DEFER_SECONDS = 10.0
-# Past this many places from the queue's head (the next jobs to start, on any lane), exact positions that moved
-# are rewritten at most every REFRESH_DEFER_SECONDS too, burst or not: each dispatch moves all of them by one, and
-# with short jobs (a bridge's chat calls, a dispatch a second) rewriting every one every pass made a write per
-# waiting job per dispatch. The head's, which its submitters watch count down, go every pass; estimatedAt says
-# when each was computed.
+# Past this many places per lane from the queue's head (positions count the next jobs to start on any lane),
+# exact positions that moved are rewritten at most every REFRESH_DEFER_SECONDS too, burst or not: each dispatch
+# moves all of them by one, and with short jobs (a bridge's chat calls, a dispatch a second) rewriting every one
+# every pass made a write per waiting job per dispatch. The head's, which its submitters watch count down, go
+# every pass; estimatedAt says when each was computed.
 HEAD_POSITIONS = 10
 # And rounded positions whose bucket changed, this often: arrivals of several members interleave, so in a burst
 # a bucket boundary is crossed by hundreds of jobs every few seconds (14,793 rewrites at 100,000 jobs with the
@@ -112,9 +112,12 @@ def _exact(write: Write) -> bool:
     return bool(write[2].get("positionExact", True))
 
 
-def _deep(write: Write) -> bool:
-    """A rewrite of an exact position past the head's ``HEAD_POSITIONS``."""
-    return write[0].written is not None and _exact(write) and (write[2].get("position") or 0) > HEAD_POSITIONS
+def _deep(write: Write, head: int) -> bool:
+    """A rewrite of an exact position past the queue's first ``head`` places, over an exact position (a job that
+    was parked or rounded until now is written at once)."""
+    written = write[0].written
+    was_exact = written is not None and len(written) == 5 and bool(written[1])
+    return was_exact and write[2].get("positionExact") is True and write[2].get("position", 0) > head
 
 
 class StatusHost(Protocol):
@@ -147,7 +150,7 @@ class StatusWriter:
         self._began = self.monotonic()  # when the last pass began
         self._refreshed = -math.inf  # when the last pass that rewrote moved exact positions began
         self._rounded = -math.inf  # and rounded ones
-        self._deep = -math.inf  # and exact ones past the head's
+        self._deep = -math.inf  # and exact ones past the head's places
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
@@ -234,8 +237,13 @@ class StatusWriter:
             full = self._full_due()
             writes = sorted(await self._queue_writes(now, full), key=lambda w: w[0].written is not None)
             firsts = sum(1 for w in writes if w[0].written is None)
-            if began - self._deep < REFRESH_DEFER_SECONDS and any(_deep(w) for w in writes):
-                writes, self.dirty = [w for w in writes if not _deep(w)], True  # the rest when due
+            head = HEAD_POSITIONS * max(1, len(host.lanes))
+
+            def deep(write: Write) -> bool:
+                return _deep(write, head)
+
+            if began - self._deep < REFRESH_DEFER_SECONDS:  # the next dispatch, or the pass every
+                writes = [w for w in writes if not deep(w)]  # REFRESH_SECONDS, writes them when due
             if 0 < firsts < len(writes):  # a burst: the refreshes once it is written, or now and then
                 exact_due = began - self._refreshed >= REFRESH_DEFER_SECONDS
                 rounded_due = began - self._rounded >= ROUNDED_DEFER_SECONDS
@@ -256,7 +264,7 @@ class StatusWriter:
                 self._refreshed = began
             if any(not _exact(w) for w in refreshed):
                 self._rounded = began
-            if any(_deep(w) for w in refreshed):
+            if any(deep(w) for w in refreshed):
                 self._deep = began
         first, refresh = asyncio.Semaphore(FIRST_WRITES), asyncio.Semaphore(REFRESH_WRITES)
 

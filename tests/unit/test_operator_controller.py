@@ -1440,6 +1440,35 @@ def test_past_the_heads_places_moved_exact_positions_are_rewritten_now_and_then(
     asyncio.run(scenario())
 
 
+def test_a_job_whose_model_appears_gets_its_position_at_once_even_past_the_heads_places():
+    """A parked job (no GpuModel of its model yet) has a status written, but no position: when its model appears,
+    its first position goes out at the next pass, although it is past the head's places and a refresh of those
+    has just gone out."""
+
+    async def scenario() -> None:
+        w = World(Settings(namespace=SYSTEM, exact_positions=50, status_writes_per_second=10_000))
+        clock = [1000.0]
+        w.ctl.status.monotonic = lambda: clock[0]
+        await w.warm("run")
+        for i in range(15):
+            w.submit(f"q{i:02d}", created=T0 + 1 + i)
+        w.submit("late", model="other", created=T0 + 100)
+        await w.ctl.status.flush()  # positions, and late parked
+        clock[0] += 1
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q00"))  # everyone moves up: a deep refresh
+        mark = len(w.kube.calls)
+        await w.ctl.status.flush()
+        assert "q14" in dict(statuses(w.kube, mark))
+        clock[0] += 1
+        w.model("other")
+        mark = len(w.kube.calls)
+        await w.ctl.status.flush()
+        written = {n: as_merge(p)["status"] for n, p in statuses(w.kube, mark)}
+        assert written["late"]["position"] == 15 and written["late"]["positionExact"] is True, written
+
+    asyncio.run(scenario())
+
+
 def counted_forecasts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The forecast steps each status pass takes, one count per pass."""
     passes: list[int] = []
