@@ -1377,6 +1377,15 @@ def test_rounded_positions_widen_with_the_distance_from_the_head() -> None:
     assert all(bucket(p, 7) >= p for p in range(1, 5000))
 
 
+async def paced_world(**settings: Any) -> tuple[World, list[float]]:
+    """A warm lane running one job, the status writer's passes spaced by a clock the test moves (``clock[0]``)."""
+    w = World(Settings(namespace=SYSTEM, **settings))
+    clock = [1000.0]
+    w.ctl.status.monotonic = lambda: clock[0]
+    await w.warm("run")
+    return w, clock
+
+
 async def positioned_queue(jobs: int) -> World:
     """A warm lane running one job, ``jobs`` queued behind it (10 exact positions), every position written."""
     w = World(Settings(namespace=SYSTEM, exact_positions=10, status_writes_per_second=10_000))
@@ -1411,10 +1420,7 @@ def test_past_the_heads_places_moved_exact_positions_are_rewritten_now_and_then(
     every REFRESH_DEFER_SECONDS, and then where the jobs are by then."""
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=50, status_writes_per_second=10_000))
-        clock = [1000.0]
-        w.ctl.status.monotonic = lambda: clock[0]
-        await w.warm("run")
+        w, clock = await paced_world(exact_positions=50, status_writes_per_second=10_000)
         head, due = status_module.HEAD_POSITIONS, int(status_module.REFRESH_DEFER_SECONDS)
         names = [f"q{i:02d}" for i in range(head + due + 10)]
         for i, name in enumerate(names):
@@ -1446,10 +1452,7 @@ def test_a_job_whose_model_appears_gets_its_position_at_once_even_past_the_heads
     has just gone out."""
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=50, status_writes_per_second=10_000))
-        clock = [1000.0]
-        w.ctl.status.monotonic = lambda: clock[0]
-        await w.warm("run")
+        w, clock = await paced_world(exact_positions=50, status_writes_per_second=10_000)
         for i in range(15):
             w.submit(f"q{i:02d}", created=T0 + 1 + i)
         w.submit("late", model="other", created=T0 + 100)
@@ -1677,10 +1680,7 @@ def test_while_jobs_keep_arriving_moved_positions_are_rewritten_now_and_then():
     then go out beside the first positions (in a burst, once per that time rather than every pass)."""
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=1000))
-        clock = [1000.0]
-        w.ctl.status.monotonic = lambda: clock[0]
-        await w.warm("run")
+        w, clock = await paced_world(exact_positions=100, status_writes_per_second=1000)
         for i in range(5):
             w.submit(f"a{i}", created=T0 + 1 + i)
         await w.ctl.status.flush()
@@ -1712,10 +1712,7 @@ def test_in_a_burst_rounded_positions_wait_longer_than_exact_ones():
     moved go out every REFRESH_DEFER_SECONDS, rounded ones every ROUNDED_DEFER_SECONDS."""
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=2, status_writes_per_second=1000))
-        clock = [1000.0]
-        w.ctl.status.monotonic = lambda: clock[0]
-        await w.warm("run")
+        w, clock = await paced_world(exact_positions=2, status_writes_per_second=1000)
         for i in range(6):
             w.submit(f"a{i}", created=T0 + 1 + i)
         await w.ctl.status.flush()
@@ -1748,10 +1745,7 @@ def test_in_a_burst_a_pass_writes_few_refreshes_head_first(monkeypatch) -> None:
     monkeypatch.setattr(status_module, "BURST_REFRESHES", 3)
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=1000))
-        clock = [1000.0]
-        w.ctl.status.monotonic = lambda: clock[0]
-        await w.warm("run")
+        w, clock = await paced_world(exact_positions=100, status_writes_per_second=1000)
         for i in range(8):
             w.submit(f"a{i}", created=T0 + 1 + i)
         await w.ctl.status.flush()
