@@ -2,15 +2,22 @@
 (kwok nodes) and at 1,000, 5,000 and 20,000 jobs, each a fresh run of ``bench/operator.py``.
 
     .venv/bin/python bench/growth.py [--lanes 1 10 50] [--jobs 1000 5000 20000] [--plot docs/img/operator-growth.png]
+    .venv/bin/python bench/growth.py --rounds 2 --jobs 1000 20000 --dispatches 300
 
 Prints one JSON line per run and a markdown table; the plot shows latency (p50, p99), jobs positioned
 per second, the operator's peak memory and its API writes per second against lanes and against jobs.
+
+With ``--rounds`` it runs only the latency bench on one lane, the sizes in turn, round after round, so
+that the sizes share the machine's moods; it prints each run and, per size, the medians and their ratio to
+the first size's. CPU per dispatch includes the whole queue's forecast, which a long queue runs every
+20 s or so (5% of the loop): give the window dispatches enough to hold one or more (300 is about 20 s).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -67,13 +74,37 @@ def plot(by_lanes: list[dict[str, Any]], by_jobs: list[dict[str, Any]], path: st
     fig.savefig(path, dpi=110)
 
 
+def alternated(args: argparse.Namespace) -> None:
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in args.jobs}
+    for _ in range(args.rounds):
+        for n in args.jobs:
+            runs[n].append(run("latency", "--pending", str(n), "--jobs", str(args.dispatches)))
+    print("| jobs | round | dispatch p50 / p99 (p99 / p50) | operator CPU per dispatch | writes per dispatch |")
+    print("|---|---|---|---|---|")
+    for n, results in runs.items():
+        for i, lat in enumerate(results, 1):
+            print(
+                f"| {n:,} | {i} | {lat['total_p50_ms']} / {lat['total_p99_ms']} ms "
+                f"({lat['total_p99_ms'] / lat['total_p50_ms']:.1f}) | {lat['operator_cpu_ms_per_dispatch']} ms "
+                f"| {lat['operator_writes_per_dispatch']} |"
+            )
+    first = statistics.median(r["operator_cpu_ms_per_dispatch"] for r in runs[args.jobs[0]])
+    for n, results in runs.items():
+        cpu = statistics.median(r["operator_cpu_ms_per_dispatch"] for r in results)
+        print(f"{n:,} jobs: median CPU per dispatch {cpu:.1f} ms, {cpu / first:.2f}x that at {args.jobs[0]:,}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lanes", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 5000, 20000])
     parser.add_argument("--dispatches", type=int, default=100)
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--rounds", type=int, help="only the latency bench, the sizes in turn, this many rounds")
     args = parser.parse_args()
+    if args.rounds:
+        alternated(args)
+        return
     d = str(args.dispatches)
     by_lanes = [
         {

@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -110,6 +111,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         before = [operator.metrics() for operator in operators]
         pids = [operator.proc.pid for operator in operators if operator.proc is not None]
         cpu = sum(map(cpu_seconds, pids))
+        if args.profile:  # py-spy samples the (first) operator for the timed window only, then writes on SIGINT
+            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(pids[0]), "--format", "raw", "--rate", "200",
+                                    "--nonblocking", "-o", args.profile], stdout=subprocess.DEVNULL)  # fmt: skip
+            time.sleep(1.0)  # py-spy attaches before the first dispatch
+            cpu = sum(map(cpu_seconds, pids))
         started = time.monotonic()
         totals: list[float] = []
         trips: list[float] = []
@@ -141,6 +147,9 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             trips.append(at2 - t1)
         elapsed = time.monotonic() - started
         cpu = sum(map(cpu_seconds, pids)) - cpu
+        if args.profile:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         after: dict[str, float] = {}
         for operator, was in zip(operators, before, strict=True):  # the shards' counters, summed
             for k, v in operator.metrics().items():
@@ -387,6 +396,8 @@ def main() -> None:
     lat.add_argument("--pending", type=int, default=0, help="jobs queued behind them (default: just those)")
     lat.add_argument("--lanes", type=int, default=1, help="warm lanes per shard, each on a kwok node of its own")
     lat.add_argument("--timeline", help="write each dispatch's wall-clock start, time and trip to this file")
+    lat.add_argument("--profile", help="sample the operator with py-spy while timed; collapsed stacks to this file")
+    lat.add_argument("--py-spy", default="py-spy", help="the py-spy to run (pip install py-spy; not a dependency)")
     lat.add_argument("--idle-trips", type=int, default=100, help="apiserver trips timed after the operator stopped")
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
