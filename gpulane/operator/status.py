@@ -53,9 +53,13 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 10.0
 # Writes in flight at once. A job's first position is what its submitter waits for, and a burst of thousands
 # is bound by the apiserver's latency, not its CPU: many at once (bench/operator.py scale, 1.4x with 32 than 8).
-# Later rewrites are refreshes: few at once, so that they do not crowd a dispatch's Running write.
+# Later rewrites are refreshes, so that they do not crowd a dispatch's Running write: one at a time from a
+# settled queue (bench/operator.py latency, 300 dispatches at 1,000 pending: the slowest came with a pass's
+# wave of refreshes, 4 in flight; with 1 the p99 was 0.70x), 4 in a burst, whose first positions go 32 at a
+# time anyway and whose refreshes must keep pace.
 FIRST_WRITES = 32
-REFRESH_WRITES = 4
+REFRESH_WRITES = 1
+BURST_REFRESH_WRITES = 4
 # While jobs wait for a first position, positions that moved are rewritten at most this often: in a burst each
 # pass moved the head's exact positions again, and rewriting them every pass took a seventh of the writes
 # (16,005 of 116,005 at 100,000 jobs) from the apiserver that the first positions and the creations share.
@@ -151,6 +155,7 @@ class StatusWriter:
         self._refreshed = -math.inf  # when the last pass that rewrote moved exact positions began
         self._rounded = -math.inf  # and rounded ones
         self._deep = -math.inf  # and exact ones past the head's places
+        self._holds: dict[str, float] = {}  # each dispatch in flight: until when it holds positions back
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
@@ -229,6 +234,7 @@ class StatusWriter:
         self._began = began
         budget = max(1, int(host.settings.status_writes_per_second * since))
         writes: list[Write] = []
+        firsts = 0  # jobs that wait for their first position: a burst
         if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
             self.dirty = False
             self._last_pass = now
@@ -266,7 +272,8 @@ class StatusWriter:
                 self._rounded = began
             if any(deep(w) for w in refreshed):
                 self._deep = began
-        first, refresh = asyncio.Semaphore(FIRST_WRITES), asyncio.Semaphore(REFRESH_WRITES)
+        first = asyncio.Semaphore(FIRST_WRITES)
+        refresh = asyncio.Semaphore(BURST_REFRESH_WRITES if firsts else REFRESH_WRITES)
 
         async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
             async with first if view.written is None else refresh:
@@ -283,15 +290,17 @@ class StatusWriter:
 
     async def _after_dispatches(self) -> None:
         """Positions wait while a job dispatched to a warm backend is not yet written Running: that write
-        is the one somebody waits for, and it must not queue behind a burst of position updates. Bounded,
-        so that a dispatch whose write keeps failing cannot hold the queue's status back."""
-        give_up = time.monotonic() + DISPATCH_WAIT_SECONDS
-        while time.monotonic() < give_up and self.dispatch_in_flight():
+        is the one somebody waits for, and it must not queue behind a burst of position updates. Each dispatch
+        holds them back for ``DISPATCH_WAIT_SECONDS`` in all, not each write for as long: one whose write keeps
+        failing would otherwise let through one refresh a second (``REFRESH_WRITES`` in flight)."""
+        while self.dispatch_in_flight():
             await asyncio.sleep(DISPATCH_POLL_SECONDS)
 
     def dispatch_in_flight(self) -> bool:
-        pods = self.host.observed.pods
-        return any((pod := pods.get(lane)) is not None and pod.ready for _, lane in self.host.jobs.assigned())
+        pods, now = self.host.observed.pods, self.monotonic()
+        flying = [view.job.id for view, lane in self.host.jobs.assigned() if (pod := pods.get(lane)) and pod.ready]
+        self._holds = {job: self._holds.get(job, now + DISPATCH_WAIT_SECONDS) for job in flying}
+        return any(now < until for until in self._holds.values())
 
     async def _queue_writes(self, now: float, full: bool = True) -> list[Write]:
         """The waiting jobs' status writes: of the whole queue if ``full``, else of each lane's head."""

@@ -35,7 +35,14 @@ from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
 from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
-from gpulane.operator.status import FIRST_WRITES, FORECAST_SHARE, REFRESH_WRITES, bucket, pause
+from gpulane.operator.status import (
+    BURST_REFRESH_WRITES,
+    DISPATCH_WAIT_SECONDS,
+    FIRST_WRITES,
+    FORECAST_SHARE,
+    bucket,
+    pause,
+)
 
 from .helpers import until
 
@@ -1612,35 +1619,47 @@ def test_a_jobs_new_position_never_holds_back_its_dispatch() -> None:
     asyncio.run(scenario())
 
 
-def test_first_positions_go_out_many_at_once_and_refreshes_few():
+def test_first_positions_go_out_many_at_once_and_refreshes_one_at_a_time_but_in_a_burst():
     """A burst's first positions are bound by the apiserver's latency: many in flight. Rewrites of positions
-    already written are refreshes, few at a time, so that they do not crowd a dispatch's Running write."""
+    already written are refreshes: from a settled queue one at a time, so that a pass's wave of them does not
+    crowd a dispatch's Running write (with 4 the slowest dispatches came with one); in a burst, whose first
+    positions go many at once anyway, a few at a time, to keep pace with it."""
 
     async def scenario() -> None:
-        w = World(Settings(namespace=SYSTEM, exact_positions=100, status_writes_per_second=1000))
-        await w.warm("run")
+        w, clock = await paced_world(exact_positions=100, status_writes_per_second=1000)
         for i in range(80):
             w.submit(f"q{i:03d}", created=T0 + 1 + i)
-        inner, flight, peaks = w.kube.patch_job_status, [0], []
+        inner, flight = w.kube.patch_job_status, Counter[str]()
+        peaks: list[Counter[str]] = []
 
         async def slow(namespace: str, name: str, patch: Any) -> Body:
-            flight[0] += 1
-            peaks[-1] = max(peaks[-1], flight[0])
+            kind = "refresh" if (w.kube.job(name).get("status") or {}).get("position") else "first"
+            flight[kind] += 1
+            peaks[-1][kind] = max(peaks[-1][kind], flight[kind])
             try:
                 await asyncio.sleep(0)  # a yield, no time: every write allowed in flight starts before one ends
                 return await inner(namespace, name, patch)
             finally:
-                flight[0] -= 1
+                flight[kind] -= 1
+
+        async def flush() -> Counter[str]:
+            peaks.append(Counter())
+            clock[0] += 11  # past every deferral: each pass writes all that moved
+            await w.ctl.status.flush()
+            return peaks[-1]
 
         w.kube.patch_job_status = slow
-        peaks.append(0)
-        await w.ctl.status.flush()
+        assert await flush() == {"first": FIRST_WRITES}
         assert w.kube.job("q079")["status"]["position"] == 80
         w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q000"))  # every later position moves up
-        peaks.append(0)
-        await w.ctl.status.flush()
+        assert await flush() == {"refresh": 1}
         assert w.kube.job("q079")["status"]["position"] == 79
-        assert peaks == [FIRST_WRITES, REFRESH_WRITES]
+        w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/q001"))  # and again, while 40 new jobs arrive
+        for i in range(40):
+            w.submit(f"r{i:03d}", created=T0 + 200 + i)
+        assert await flush() == {"first": FIRST_WRITES, "refresh": BURST_REFRESH_WRITES}
+        assert w.kube.job("q079")["status"]["position"] == 78
+        assert w.kube.job("r000")["status"]["position"] == 79
 
     asyncio.run(scenario())
 
@@ -2192,6 +2211,34 @@ def test_a_records_deciding_jobs_of_other_namespaces_are_hidden_too():
     record = {"job": f"{NS}/a", "member": "alice", "changedBy": {"aging": "team-b/x", "affinity": f"{NS}/b"}}
     assert redacted(record, NS)["changedBy"] == {"aging": HIDDEN_JOB, "affinity": f"{NS}/b"}
     assert redacted(record, "team-b") == {"job": HIDDEN_JOB}
+
+
+def test_a_dispatch_whose_running_write_does_not_land_holds_positions_back_once_not_each_write():
+    """Each position write waited up to ``DISPATCH_WAIT_SECONDS`` for a dispatch still in flight: one whose
+    Running write kept failing let through a refresh a second, with one refresh in flight at a time. Now the
+    dispatch holds them back for that long in all."""
+
+    async def scenario() -> None:
+        w, clock = await paced_world(exact_positions=50, status_writes_per_second=1000)
+        for i in range(20):
+            w.submit(f"q{i:02d}", created=T0 + 1 + i)
+        await w.ctl.status.flush()
+        w.ctl.job_event("MODIFIED", w.executor_finishes("run"))  # q00 dispatched, its Running write not landed
+        real, held = w.ctl.status.dispatch_in_flight, []
+
+        def ticking() -> bool:  # each look at the dispatch takes a tenth of a second
+            clock[0] += 0.1
+            held.append(real())
+            return held[-1]
+
+        w.ctl.status.dispatch_in_flight = ticking  # type: ignore[method-assign]
+        clock[0] += 11
+        await w.ctl.status.flush()
+        assert w.kube.job("q19")["status"]["position"] == 19  # every later position moved up, and was written
+        assert w.phase("q00") != "Running"
+        assert 0 < sum(held) <= DISPATCH_WAIT_SECONDS / 0.1 + 1, sum(held)
+
+    asyncio.run(scenario())
 
 
 def test_queue_positions_wait_for_a_warm_dispatch_in_flight():
