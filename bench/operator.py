@@ -374,13 +374,16 @@ def versus(bench: Any, args: argparse.Namespace) -> dict[str, Any]:
             ["git", "-C", str(REPO), "archive", args.base, "gpulane", "crds"], check=True, capture_output=True
         )
         subprocess.run(["tar", "-x", "-C", tmp], input=tree.stdout, check=True)
-        for _ in range(args.versus_rounds):
+        for round_ in range(1, args.versus_rounds + 1):
             for which in ("base", "this"):
                 os.environ.pop("PYTHONPATH", None)
                 if which == "base":
                     os.environ["PYTHONPATH"] = tmp  # the operator process inherits it
                 crds = Path(tmp) / "crds" if which == "base" else args.crds  # each side with its own CRDs
-                runs[which].append(bench(argparse.Namespace(**{**vars(args), "crds": crds})))
+                side: dict[str, Any] = {"crds": crds}
+                if getattr(args, "timeline", None):  # one file a run: FILE.base.1, FILE.this.1, ...
+                    side["timeline"] = f"{args.timeline}.{which}.{round_}"
+                runs[which].append(bench(argparse.Namespace(**{**vars(args), **side})))
         os.environ.pop("PYTHONPATH", None)
     numbers = [k for k, v in runs["this"][0].items() if isinstance(v, int | float)]
     pairs = {k: [t[k] / b[k] for b, t in zip(runs["base"], runs["this"], strict=True) if b[k]] for k in numbers}
@@ -395,7 +398,9 @@ def main() -> None:
     lat.add_argument("--jobs", type=int, default=200, help="dispatches timed")
     lat.add_argument("--pending", type=int, default=0, help="jobs queued behind them (default: just those)")
     lat.add_argument("--lanes", type=int, default=1, help="warm lanes per shard, each on a kwok node of its own")
-    lat.add_argument("--timeline", help="write each dispatch's wall-clock start, time and trip to this file")
+    lat.add_argument(
+        "--timeline", help="each dispatch's wall-clock start, time and trip to this file (--base: FILE.base.1, ...)"
+    )
     lat.add_argument("--profile", help="sample the operator with py-spy while timed; collapsed stacks to this file")
     lat.add_argument("--py-spy", default="py-spy", help="the py-spy to run (pip install py-spy; not a dependency)")
     lat.add_argument("--idle-trips", type=int, default=100, help="apiserver trips timed after the operator stopped")
