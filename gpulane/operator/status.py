@@ -297,8 +297,12 @@ class StatusWriter:
             await asyncio.sleep(DISPATCH_POLL_SECONDS)
 
     def dispatch_in_flight(self) -> bool:
+        """Whether a dispatch to a warm backend still holds positions back; a dispatch first seen here starts its
+        ``DISPATCH_WAIT_SECONDS``."""
         pods, now = self.host.observed.pods, self.monotonic()
-        flying = [view.job.id for view, lane in self.host.jobs.assigned() if (pod := pods.get(lane)) and pod.ready]
+        flying = [
+            view.job.id for view, lane in self.host.jobs.assigned() if (p := pods.get(lane)) is not None and p.ready
+        ]
         self._holds = {job: self._holds.get(job, now + DISPATCH_WAIT_SECONDS) for job in flying}
         return any(now < until for until in self._holds.values())
 
