@@ -12,6 +12,7 @@ what Kubernetes needs of each job. What the operator needs after a restart is on
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -41,14 +42,14 @@ from gpulane.operator.history import DispatchHistory
 from gpulane.operator.intake import Admission
 from gpulane.operator.job_table import Intake, JobState, JobTable, JobView
 from gpulane.operator.job_writes import Ended, JobWrites, dispatched_fields
-from gpulane.operator.lanes import LaneRunner
+from gpulane.operator.lanes import LanePorts, LaneRunner
 from gpulane.operator.metrics import Metrics, queue_snapshot
 from gpulane.operator.nodes import lane_node_problem
 from gpulane.operator.observed import Observed
 from gpulane.operator.retention import Expiries
 from gpulane.operator.settings import Settings
 from gpulane.operator.shards import Router
-from gpulane.operator.status import StatusWriter
+from gpulane.operator.status import StatusPorts, StatusWriter
 from gpulane.operator.translate import policy_refusal
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,43 @@ class Controller:
         kube.on_write = lambda kind: self.metrics.api_writes.labels(kind).inc()
         self.writes = JobWrites(kube, clock, self.spawn)
         self.router = Router(Shard(self.settings.shard), kube, clock, self.spawn)  # the models of other shards
-        self.status = StatusWriter(self)
+        self.status = StatusWriter(StatusPorts(
+            settings=self.settings, clock=clock, kube=kube, dispatcher=self.dispatcher, jobs=self.jobs,
+            observed=self.observed, history=self.history, lanes=self.lanes, writes=self.writes, metrics=self.metrics,
+        ))  # fmt: skip
+        # Each room gets the reads it needs and the effects it asks for, never the controller.
+        dispatcher, observed, status = self.dispatcher, self.observed, self.status
+        self._backends = backends.Ports(
+            namespace=kube.namespace, unload_namespace=self.settings.unload_namespace, clock=clock,
+            lane_state=dispatcher.lane_state, observed=observed, lanes=self.lanes, sightings=self.sightings,
+            lane_dirty=status.lane_dirty, backend_failed=self.backend_failed,
+        )  # fmt: skip
+        self._lane_rules = lane_rules.Ports(lane_state=dispatcher.lane_state, model=dispatcher.model,
+                                            observed=observed, model_dirty=status.model_dirty)  # fmt: skip
+        self._policies = policies.Ports(
+            clock=clock, observed=observed, use_policy=self.use_policy, spawn=self.spawn,
+            write_status=functools.partial(self.writes.cluster_status, "gpupolicies"),
+        )  # fmt: skip
+        self._models = models.Ports(
+            clock=clock, model=dispatcher.model, policy=lambda: dispatcher.policy, pending=dispatcher.pending,
+            observed=observed, jobs=self.jobs, router=self.router, lanes=self.lanes, namespace=kube.namespace,
+            check_pod=kube.check_pod, model_dirty=status.model_dirty, settle=self.settle, spawn=self.spawn,
+        )  # fmt: skip
+        self._effects = effects.Ports(
+            clock=clock, dispatcher=dispatcher, jobs=self.jobs, lanes=self.lanes, status=status,
+            writes=self.writes, metrics=self.metrics, history=self.history, observed=observed,
+            expiries=self.expiries, router=self.router, spawn=self.spawn, end_job=self.end_job,
+        )  # fmt: skip
+        self._lanes = LanePorts(
+            kube=kube, clock=clock, shard=self.router.shard, lane_state=dispatcher.lane_state, jobs=self.jobs,
+            observed=observed, mark_dispatching=self.mark_dispatching, start_job=self.start_job,
+            model_loaded=self.model_loaded, backend_failed=self.backend_failed, pod_gone=self.pod_gone,
+            spawn=self.spawn,
+        )  # fmt: skip
+        deleted = {"gpupolicies": self.policy_event, "gpumodels": self.model_event, "nodes": self.node_event,
+                   "gpulanes": self.lane_event}  # fmt: skip
+        self._resync = resync.Ports(kube=kube, shard=self.router.shard, observed=observed, sightings=self.sightings,
+                                   deleted=deleted, pod_gone=self.pod_gone)  # fmt: skip
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
 
@@ -92,7 +129,7 @@ class Controller:
 
     def start(self) -> None:
         found = self.metrics.resync_deletions.labels
-        sync = resync.run(self, self.settings.resync_seconds, lambda kind: found(kind).inc(),
+        sync = resync.run(self._resync, self.settings.resync_seconds, lambda kind: found(kind).inc(),
                           lambda: setattr(self, "synced", True))  # fmt: skip
         self._loops = [asyncio.create_task(loop) for loop in (self._tick(), self.status.run(), sync)]
 
@@ -115,7 +152,7 @@ class Controller:
         for view, _ in self.jobs.holding():
             if not view.ending and (why := overdue(view, now, self.observed)) is not None:
                 self.spawn(self.end_job(view, "Failed", *why))
-        effects.expire_due(self, now)
+        effects.expire_due(self._effects, now)
         for namespace, name, uid in self.expiries.due(now):
             self.spawn(self._delete_finished(namespace, name, uid, now))
         for lane in self.lanes.values():
@@ -127,7 +164,7 @@ class Controller:
 
     def settle(self, intake: Intake) -> None:
         """What a room read an object into, applied with the core's effects (``effects.settle``)."""
-        effects.settle(self, intake)
+        effects.settle(self._effects, intake)
 
     # -- GpuJobs --------------------------------------------------------------------------------
 
@@ -135,7 +172,7 @@ class Controller:
         """The table reads the event and says what follows; ``effects.settle`` applies it."""
         admission = Admission(self.dispatcher.policy, self.clock(), self.observed.models, self.router.elsewhere,
                               self.observed.pending_cap, self.observed.member_pending_cap)  # fmt: skip
-        effects.settle(self, self.jobs.enter(kind, body, admission))
+        effects.settle(self._effects, self.jobs.enter(kind, body, admission))
 
     async def _delete_finished(self, namespace: str, name: str, uid: str, now: float) -> None:
         if await self.expiries.delete(self.kube, namespace, name, uid, now):
@@ -143,7 +180,7 @@ class Controller:
 
     def release(self, view: JobView, run_seconds: float | None) -> None:
         """The job no longer holds capacity: tell the core, and let the lane start the next."""
-        effects.settle(self, self.jobs.free(view, run_seconds, Intake()))
+        effects.settle(self._effects, self.jobs.free(view, run_seconds, Intake()))
 
     # -- job transitions (asked for by lanes and the tick) --------------------------------------
 
@@ -232,17 +269,17 @@ class Controller:
         self.status.lane_dirty(lane)
 
     def pod_gone(self, state: PodState) -> None:
-        backends.pod_changed(self, state, gone=True)
+        backends.pod_changed(self._backends, state, gone=True)
 
     def pod_event(self, kind: str | None, body: Body) -> None:
-        backends.pod_event(self, kind, body)
+        backends.pod_event(self._backends, kind, body)
 
     def node_event(self, kind: str | None, body: Body) -> None:
         self.sightings.note("nodes", kind, body)
-        self.settle(backends.node_event(self, kind, body))
+        self.settle(backends.node_event(self._backends, kind, body))
 
     def lease_event(self, kind: str | None, body: Body) -> None:
-        self.settle(backends.lease_event(self, kind, body))
+        self.settle(backends.lease_event(self._backends, kind, body))
 
     # -- GpuLanes, GpuModels, GpuPolicy ---------------------------------------------------------
 
@@ -252,7 +289,7 @@ class Controller:
         name = meta["name"]
         runner = self.lanes.get(name)
         if kind == "DELETED":
-            self.settle(lane_rules.lane_changed(self, name, None, None))
+            self.settle(lane_rules.lane_changed(self._lane_rules, name, None, None))
             if runner is not None:
                 self.backend_failed(name, "LaneRemoved", f"GpuLane {name} was deleted")
                 self.apply(LaneUpdated(name, online=False))
@@ -266,15 +303,15 @@ class Controller:
         except ValidationError as err:
             log.error("GpuLane %s is invalid: %s", name, describe(err, "spec"))
             return
-        self.settle(lane_rules.lane_changed(self, name, dict(meta.get("labels") or {}), spec))
+        self.settle(lane_rules.lane_changed(self._lane_rules, name, dict(meta.get("labels") or {}), spec))
         if runner is not None:
             runner.spec, runner.uid, runner.generation = spec, meta.get("uid", ""), meta.get("generation")
             intake = Intake()
-            backends.check_node(self, runner, intake)  # the lane may name another node now
+            backends.check_node(self._backends, runner, intake)  # the lane may name another node now
             self.settle(intake)
             runner.kick()
             return
-        runner = LaneRunner(self, name, meta.get("uid", ""), spec, meta.get("generation"))
+        runner = LaneRunner(self._lanes, name, meta.get("uid", ""), spec, meta.get("generation"))
         status = body.get("status") or {}
         self.status.lane_seen(name, status)
         self.history.restore(name, status.get("history") or [])
@@ -287,11 +324,11 @@ class Controller:
 
     def model_event(self, kind: str | None, body: Body) -> None:
         self.sightings.note("gpumodels", kind, body)
-        models.model_event(self, kind, body)
+        models.model_event(self._models, kind, body)
 
     def policy_event(self, kind: str | None, body: Body) -> None:
         self.sightings.note("gpupolicies", kind, body)
-        policies.policy_event(self, kind, body)
+        policies.policy_event(self._policies, kind, body)
 
     def use_policy(self, policy: Policy) -> None:
         """A new policy: waiting jobs it cannot rank fail, and the lanes' next jobs are chosen by it."""

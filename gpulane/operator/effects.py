@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpulane.api.times import format_duration
@@ -42,7 +43,16 @@ from gpulane.operator.status import StatusWriter
 log = logging.getLogger(__name__)
 
 
-class Host(Protocol):
+class EndJob(Protocol):
+    async def __call__(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Each room that takes its part of what an event settles, and the effects asked of the controller (a task
+    spawned, an active job ended); the controller builds it once. The only place that hands events to the core."""
+
+    clock: Callable[[], float]
     dispatcher: Dispatcher
     jobs: JobTable
     lanes: dict[str, LaneRunner]
@@ -50,84 +60,82 @@ class Host(Protocol):
     writes: JobWrites
     metrics: Metrics
     history: DispatchHistory
-    observed: Observed
+    observed: Observed  # read: the retention in effect
     expiries: Expiries
     router: Router
-    clock: Callable[[], float]
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    end_job: EndJob
 
 
-def settle(ctl: Host, intake: Intake) -> None:
+def settle(ports: Ports, intake: Intake) -> None:
     """Everything one event asks for, each room taking its part in turn: what the freed lanes held is charged,
     the core hears the events, the table moves the jobs the core moved, the records count the dispatches, the
     writes go (a job the core took off its lane first: its write lands before the lane's next dispatch), the
     lanes act, the statuses follow, and the records of finished, deleted and handed-over jobs last."""
-    now, woke = ctl.clock(), time.monotonic()
+    now, woke = ports.clock(), time.monotonic()
     for freed in intake.freed:  # charged as its member's usage was before the core hears it ended
-        if freed.lane in ctl.lanes:
-            ctl.metrics.lane_busy.labels(freed.lane).set(len(ctl.jobs.on_lane(freed.lane, JobState.RUNNING)))
-        ctl.metrics.held(freed.view.job, now - (freed.view.dispatched_at or now), ctl.dispatcher.usage(now))
+        if freed.lane in ports.lanes:
+            ports.metrics.lane_busy.labels(freed.lane).set(len(ports.jobs.on_lane(freed.lane, JobState.RUNNING)))
+        ports.metrics.held(freed.view.job, now - (freed.view.dispatched_at or now), ports.dispatcher.usage(now))
     decided: list[tuple[Event | None, list[Effect]]] = []
     for event in intake.events:
         try:
-            decided.append((event, ctl.dispatcher.handle(event)))
+            decided.append((event, ports.dispatcher.handle(event)))
         except (DispatchError, PolicyError) as err:
             log.error("the dispatcher refused %s: %s", type(event).__name__, err)
     if intake.decide:
-        decided.append((None, ctl.dispatcher.decide()))
+        decided.append((None, ports.dispatcher.decide()))
     moved = []  # a job that ended woke its lane: the dispatch latency of the next counts from its event
     for cause, done in decided:
-        moved += ctl.jobs.moved_by(done, woke if isinstance(cause, JobFinished) else None)
+        moved += ports.jobs.moved_by(done, woke if isinstance(cause, JobFinished) else None)
     for effect, _ in moved:
         if isinstance(effect, Dispatch):
-            ctl.history.record(effect)
-            ctl.metrics.dispatched(effect)
+            ports.history.record(effect)
+            ports.metrics.dispatched(effect)
     left: list[JobWrite] = [Leave(view, e) for e, view in moved if isinstance(e, Expired | Requeued)]
     for write in [*left, *intake.writes]:
         match write:
             case Leave(notice=Expired()):
-                ctl.metrics.job_failures.labels(QUEUE_TIMEOUT).inc()
+                ports.metrics.job_failures.labels(QUEUE_TIMEOUT).inc()
             case Refuse(refusal=refusal):
-                ctl.metrics.job_failures.labels(refusal.reason).inc()
-        task = ctl.writes.perform(write)
-        runner = ctl.lanes.get(write.notice.lane or "") if isinstance(write, Leave) else None
+                ports.metrics.job_failures.labels(refusal.reason).inc()
+        task = ports.writes.perform(write)
+        runner = ports.lanes.get(write.notice.lane or "") if isinstance(write, Leave) else None
         if runner is not None:
             runner.leave(task)
         else:
-            ctl.spawn(task)
+            ports.spawn(task)
     for view in intake.cancel:
-        ctl.spawn(ctl.end_job(view, "Cancelled", "Deleted", "the GpuJob was deleted"))
+        ports.spawn(ports.end_job(view, "Cancelled", "Deleted", "the GpuJob was deleted"))
     effects = [effect for _, done in decided for effect in done]
     for effect in effects:
-        runner = ctl.lanes.get(effect.lane or "")
+        runner = ports.lanes.get(effect.lane or "")
         if isinstance(effect, Unloaded) and runner is not None:
             runner.gave_back = _unloaded(effect)
             runner.say("ModelUnloaded", runner.gave_back)
     for freed in intake.freed:
         if freed.run_seconds is not None:
-            ctl.status.learned(freed.view.model, "run")
+            ports.status.learned(freed.view.model, "run")
     for lane in dict.fromkeys([*(effect.lane for effect in effects), *(freed.lane for freed in intake.freed)]):
-        if lane in ctl.lanes:
-            ctl.lanes[lane].kick()
+        if lane in ports.lanes:
+            ports.lanes[lane].kick()
     for cause, done in decided:
-        ctl.status.decided(done, cause)
+        ports.status.decided(done, cause)
     if intake.parked:
-        ctl.status.dirty = True
+        ports.status.dirty = True
     if intake.finished is not None:
-        ctl.expiries.finished(intake.finished, ctl.observed.retention, now)
+        ports.expiries.finished(intake.finished, ports.observed.retention, now)
     if intake.gone is not None:
-        ctl.expiries.gone(intake.gone)
+        ports.expiries.gone(intake.gone)
     if intake.handed is not None:
-        ctl.router.hand_over("gpujobs", intake.handed)
+        ports.router.hand_over("gpujobs", intake.handed)
 
 
-def expire_due(ctl: Host, now: float) -> None:
+def expire_due(ports: Ports, now: float) -> None:
     """The tick's part: when a queue deadline or a model's ttl has passed, let the dispatcher act on it."""
-    due = ctl.dispatcher.next_deadline()
+    due = ports.dispatcher.next_deadline()
     if due is not None and due <= now:
-        settle(ctl, Intake(decide=True))
+        settle(ports, Intake(decide=True))
 
 
 def _unloaded(notice: Unloaded) -> str:

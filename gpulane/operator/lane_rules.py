@@ -5,41 +5,46 @@ the core comes back as an ``Intake``, for the controller to settle."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from gpulane.api.resources import GpuLaneSpec
-from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import LaneMemory, LaneReserved, ModelUpdated
+from gpulane.core.jobs import ModelSpec
+from gpulane.core.lanes import LaneState
 from gpulane.operator.job_table import Intake
 from gpulane.operator.observed import Observed
-from gpulane.operator.status import StatusWriter
 from gpulane.operator.translate import pinned_lanes
 
 
-class Host(Protocol):
-    dispatcher: Dispatcher
+@dataclass(frozen=True)
+class Ports:
+    """What the rules read (the core's lanes and models) and write (the lanes' labels seen, the models' status to
+    write again); the controller builds it once."""
+
+    lane_state: Callable[[str], LaneState | None]
+    model: Callable[[str], ModelSpec]
     observed: Observed
-    status: StatusWriter
+    model_dirty: Callable[[str], None]
 
 
-def lane_changed(host: Host, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> Intake:
+def lane_changed(ports: Ports, lane: str, labels: dict[str, str] | None, spec: GpuLaneSpec | None) -> Intake:
     """A GpuLane appeared or changed (its ``labels`` and ``spec``), or went (both None): what the core must hear
     of it, to settle at once."""
     owners = None if spec is None or spec.reserved_for is None else frozenset(spec.reserved_for.namespaces)
-    core = host.dispatcher.lane_state(lane)
+    core = ports.lane_state(lane)
     intake = Intake()
     if spec is not None and (core is None or core.owners != owners):
         intake.events.append(LaneReserved(lane, owners))
     if spec is not None and (core is None or core.memory_mib != (spec.memory_mib or 0)):
         intake.events.append(LaneMemory(lane, spec.memory_mib or 0))
-    _repin(host, lane, labels, intake)
+    _repin(ports, lane, labels, intake)
     return intake
 
 
-def _repin(host: Host, lane: str, labels: dict[str, str] | None, intake: Intake) -> None:
+def _repin(ports: Ports, lane: str, labels: dict[str, str] | None, intake: Intake) -> None:
     """The models with a laneSelector serve the lanes that match now."""
-    observed = host.observed
+    observed = ports.observed
     if labels is None:
         observed.lane_labels.pop(lane, None)
     elif observed.lane_labels.get(lane) != labels:
@@ -48,7 +53,7 @@ def _repin(host: Host, lane: str, labels: dict[str, str] | None, intake: Intake)
         return
     for name, spec in observed.models.items():
         lanes = pinned_lanes(spec, observed.lane_labels)
-        core = host.dispatcher.model(name)
+        core = ports.model(name)
         if lanes != core.lanes:
             intake.events.append(ModelUpdated(replace(core, lanes=lanes)))
-            host.status.model_dirty(name)
+            ports.model_dirty(name)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import ClientSession
@@ -20,14 +21,14 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from gpulane.api.backend_pods import PodState, pod_state
 from gpulane.api.resources import API_VERSION, GpuLaneSpec
-from gpulane.core.dispatcher import Dispatcher
+from gpulane.api.shards import Shard
+from gpulane.core.lanes import LaneState
 from gpulane.kube.client import Conflict, Gone, refusal_message
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.job_table import JobState, JobTable, JobView
 from gpulane.operator.observed import Observed
 from gpulane.operator.pods import TemplateError, backend_pod
 from gpulane.operator.server_pods import PresetError, preset_ini
-from gpulane.operator.shards import Router
 from gpulane.servers.llama_router import LOADED, LOADING, LoadFailed, RouterClient, RouterError
 
 log = logging.getLogger(__name__)
@@ -35,27 +36,41 @@ log = logging.getLogger(__name__)
 DELETE_RECHECK_SECONDS = 3.0
 
 
-class LaneHost(Protocol):
-    """What a lane needs from the operator: the state it reads, and the transitions it asks for."""
+class BackendFailed(Protocol):
+    """The lane's backend cannot serve (``Controller.backend_failed``): a ``lost`` pod's jobs wait again; a server
+    that failed a load goes on ``serving`` its model."""
 
-    kube: KubeClient
+    def __call__(
+        self, lane: str, reason: str, message: str, *, lost: bool = False, serving: str | None = None
+    ) -> None: ...
+
+
+class Loaded(Protocol):
+    def __call__(self, lane: str, model: str, seconds: float | None, *, in_server: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class LanePorts:
+    """What a lane reads (the core's lane, the jobs holding it, the objects seen) and the transitions it asks the
+    operator for; the controller builds it once, for every lane."""
+
+    kube: KubeClient  # its pod's calls and Events
     clock: Callable[[], float]
-    dispatcher: Dispatcher
-    jobs: JobTable
-    observed: Observed
-    router: Router
-
-    async def mark_dispatching(self, view: JobView) -> None: ...
-    async def start_job(self, view: JobView, pod: PodState) -> None: ...
-    def model_loaded(self, lane: str, model: str, seconds: float | None, *, in_server: bool = False) -> None: ...
-    def backend_failed(self, lane: str, reason: str, message: str, *, serving: str | None = None) -> None: ...
-    def pod_gone(self, state: PodState) -> None: ...
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+    shard: Shard  # labels its pods carry
+    lane_state: Callable[[str], LaneState | None]  # the core's
+    jobs: JobTable  # read: the jobs holding the lane
+    observed: Observed  # read: models, refusals, pods
+    mark_dispatching: Callable[[JobView], Coroutine[Any, Any, None]]
+    start_job: Callable[[JobView, PodState], Coroutine[Any, Any, None]]
+    model_loaded: Loaded
+    backend_failed: BackendFailed
+    pod_gone: Callable[[PodState], None]
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
 
 
 class LaneRunner:
-    def __init__(self, host: LaneHost, name: str, uid: str, spec: GpuLaneSpec, generation: int | None) -> None:
-        self.host = host
+    def __init__(self, ports: LanePorts, name: str, uid: str, spec: GpuLaneSpec, generation: int | None) -> None:
+        self.ports = ports
         self.name = name
         self.uid = uid
         self.spec = spec
@@ -76,7 +91,7 @@ class LaneRunner:
 
     @property
     def pod(self) -> PodState | None:
-        return self.host.observed.pods.get(self.name)
+        return self.ports.observed.pods.get(self.name)
 
     @property
     def online(self) -> bool:
@@ -108,12 +123,12 @@ class LaneRunner:
                 self._leaving -= 1
                 self.kick()
 
-        self.host.spawn(landed())
+        self.ports.spawn(landed())
 
     def say(self, reason: str, message: str) -> None:
         """A Normal Event on the GpuLane."""
         lane = {"apiVersion": API_VERSION, "kind": "GpuLane", "metadata": {"name": self.name, "uid": self.uid}}
-        self.host.spawn(self.host.kube.event(lane, reason, message, now=self.host.clock()))
+        self.ports.spawn(self.ports.kube.event(lane, reason, message, now=self.ports.clock()))
 
     async def _loop(self) -> None:
         while True:
@@ -129,35 +144,35 @@ class LaneRunner:
     def server_of(self, model: str | None) -> str | None:
         """The model whose pod serves ``model``: the server that holds it (its spec.server, a model with a
         router), else the model itself."""
-        spec = self.host.observed.models.get(model or "")
-        server = self.host.observed.models.get(spec.server) if spec is not None and spec.server else None
+        spec = self.ports.observed.models.get(model or "")
+        server = self.ports.observed.models.get(spec.server) if spec is not None and spec.server else None
         return spec.server if spec is not None and server is not None and server.router is not None else model
 
     async def reconcile(self) -> None:
-        host = self.host
-        core = host.dispatcher.lane_state(self.name)
+        ports = self.ports
+        core = ports.lane_state(self.name)
         held = core.resident if core is not None else None
         want = self.server_of(held)  # the pod's model: the server, for a model it holds
         pod = self.pod
-        now = host.clock()
+        now = ports.clock()
         if pod is not None and (pod.failed or pod.model != want or pod.uid == self.deleting):
             await self._remove(pod)  # a pod on its way out never serves again, even the same model
             return
         if want is None:
             return
-        model = host.observed.models.get(want)
-        assigned = host.jobs.on_lane(self.name, JobState.ASSIGNED)
+        model = ports.observed.models.get(want)
+        assigned = ports.jobs.on_lane(self.name, JobState.ASSIGNED)
         if assigned and self._leaving:
             return  # a job the core took off this lane is still written as on it: its write's end wakes us
         if pod is None or not pod.ready:
-            await asyncio.gather(*(host.mark_dispatching(view) for view in assigned))
+            await asyncio.gather(*(ports.mark_dispatching(view) for view in assigned))
         if pod is None:
-            refused = host.observed.refused_models.get(want)
+            refused = ports.observed.refused_models.get(want)
             if refused is not None:
-                host.backend_failed(self.name, "ModelNotAccepted", f"GpuModel {want!r} is not accepted: {refused}")
+                ports.backend_failed(self.name, "ModelNotAccepted", f"GpuModel {want!r} is not accepted: {refused}")
                 return
             if model is None:
-                host.backend_failed(self.name, "ModelNotFound", f"GpuModel {want!r} no longer exists")
+                ports.backend_failed(self.name, "ModelNotFound", f"GpuModel {want!r} no longer exists")
                 return
             try:
                 manifest = backend_pod(
@@ -166,31 +181,31 @@ class LaneRunner:
                     lane_spec=self.spec,
                     model=want,
                     model_spec=model,
-                    namespace=host.kube.namespace,
-                    shard_labels=host.router.shard.labels(),
+                    namespace=ports.kube.namespace,
+                    shard_labels=ports.shard.labels(),
                     preset=self._preset(want) if model.router is not None else None,
                 )
             except TemplateError as err:  # this lane's GPUs in the template (the model's check says it too)
-                host.backend_failed(self.name, "InvalidTemplate", f"GpuModel {want!r}: spec.template: {err}")
+                ports.backend_failed(self.name, "InvalidTemplate", f"GpuModel {want!r}: spec.template: {err}")
                 return
             except PresetError as err:
-                host.backend_failed(self.name, "InvalidPreset", f"GpuModel {want!r}'s server: {err}")
+                ports.backend_failed(self.name, "InvalidPreset", f"GpuModel {want!r}'s server: {err}")
                 return
             try:
-                created = await host.kube.create_pod(manifest)
+                created = await ports.kube.create_pod(manifest)
             except Conflict:
                 return  # the previous pod is still terminating; its deletion wakes us again
             except ApiException as err:
                 if err.status not in (400, 403, 422):
                     raise
                 message = f"the apiserver refuses GpuModel {want!r}'s pod: {refusal_message(err)}"
-                host.backend_failed(self.name, "PodRefused", message)
+                ports.backend_failed(self.name, "PodRefused", message)
                 return
             self.load_started, self.gave_back = now, None
             state = pod_state(created)
-            current = host.observed.pods.get(self.name)
+            current = ports.observed.pods.get(self.name)
             if state is not None and (current is None or current.uid in self.retired):
-                host.observed.pods[self.name] = state
+                ports.observed.pods[self.name] = state
             log.info("lane %s: loading %s in pod %s", self.name, want, manifest["metadata"]["name"])
             return
         if pod.ready:
@@ -201,15 +216,15 @@ class LaneRunner:
                         return
                     cold, self.load_started = self.load_started, None
                     if cold is None:
-                        host.model_loaded(self.name, held, seconds, in_server=True)
+                        ports.model_loaded(self.name, held, seconds, in_server=True)
                     else:
-                        host.model_loaded(self.name, held, host.clock() - cold)
+                        ports.model_loaded(self.name, held, ports.clock() - cold)
             elif self.load_started is not None or (core is not None and not core.ready):
                 seconds = None if self.load_started is None else now - self.load_started
                 self.load_started = None
-                host.model_loaded(self.name, want, seconds)
+                ports.model_loaded(self.name, want, seconds)
             # Afresh: the load just reported may have let the core dispatch more jobs here.
-            await asyncio.gather(*(host.start_job(v, pod) for v in host.jobs.on_lane(self.name, JobState.ASSIGNED)))
+            await asyncio.gather(*(ports.start_job(v, pod) for v in ports.jobs.on_lane(self.name, JobState.ASSIGNED)))
             return
         if not assigned:
             return  # not Ready, but nobody waits for it (a readiness blip of a loaded model)
@@ -218,13 +233,13 @@ class LaneRunner:
         timeout = model.load_timeout_seconds if model is not None else 600
         if now - self.load_started > timeout:
             self.load_started = None
-            host.backend_failed(
+            ports.backend_failed(
                 self.name, "ModelLoadTimeout", f"backend pod {pod.name} for {want} was not Ready within {timeout}s"
             )
             self.kick()
 
     def _preset(self, server: str) -> str:
-        models = self.host.observed.models
+        models = self.ports.observed.models
         return preset_ini({name: spec for name, spec in models.items() if spec.server == server})
 
     async def _switch(self, pod: PodState, model: str, keep: frozenset[str], port: int) -> float | None:
@@ -248,7 +263,7 @@ class LaneRunner:
     async def _load_in_server(
         self, pod: PodState, client: RouterClient, model: str, keep: frozenset[str]
     ) -> float | None:
-        spec = self.host.observed.models.get(model)
+        spec = self.ports.observed.models.get(model)
         timeout = spec.load_timeout_seconds if spec is not None else 600
         try:
             held = await client.models()
@@ -260,13 +275,13 @@ class LaneRunner:
                 await client.load(model)
             seconds = await client.wait_loaded(model, timeout)
         except LoadFailed as err:  # the server goes on, holding what it held: only this model is not there
-            self.host.backend_failed(self.name, "ModelLoadFailed", f"{pod.name}: {err}", serving=pod.model)
+            self.ports.backend_failed(self.name, "ModelLoadFailed", f"{pod.name}: {err}", serving=pod.model)
             return None
         except TimeoutError as err:
-            self.host.backend_failed(self.name, "ModelLoadTimeout", f"{pod.name}: {err}")
+            self.ports.backend_failed(self.name, "ModelLoadTimeout", f"{pod.name}: {err}")
             return None
         except RouterError as err:
-            self.host.backend_failed(self.name, "ServerUnreachable", f"{pod.name}: {err}")
+            self.ports.backend_failed(self.name, "ServerUnreachable", f"{pod.name}: {err}")
             return None
         log.info("lane %s: %s loaded by its server %s in %.3fs", self.name, model, pod.name, seconds)
         return seconds
@@ -276,20 +291,20 @@ class LaneRunner:
         if self.deleting == pod.uid:
             # A deletion that completed between the start-up listing and the watch has no event:
             # look again now and then.
-            if self.host.clock() - self.delete_requested > DELETE_RECHECK_SECONDS:
-                self.delete_requested = self.host.clock()
+            if self.ports.clock() - self.delete_requested > DELETE_RECHECK_SECONDS:
+                self.delete_requested = self.ports.clock()
                 try:
-                    await self.host.kube.get_pod(pod.name)
+                    await self.ports.kube.get_pod(pod.name)
                 except Gone:
-                    self.host.pod_gone(pod)
+                    self.ports.pod_gone(pod)
             return
-        running_on_it = [v for v in self.host.jobs.on_lane(self.name, JobState.RUNNING) if v.model == pod.model]
+        running_on_it = [v for v in self.ports.jobs.on_lane(self.name, JobState.RUNNING) if v.model == pod.model]
         if running_on_it and not pod.failed:
             return  # never interrupt running work: the core drains a lane before it swaps
-        self.deleting, self.delete_requested = pod.uid, self.host.clock()
+        self.deleting, self.delete_requested = pod.uid, self.ports.clock()
         self.retired.append(pod.uid)
         self.load_started = None
-        gone = not pod.failed and pod.model not in self.host.observed.models
+        gone = not pod.failed and pod.model not in self.ports.observed.models
         why = "dead" if pod.failed else "its GpuModel was deleted" if gone else "idle past its ttl" if \
             self.gave_back else "swap"  # fmt: skip
         log.info("lane %s: deleting pod %s (%s)", self.name, pod.name, why)
@@ -299,7 +314,7 @@ class LaneRunner:
         try:
             # Gone or replaced by a pod with another uid (Conflict): the watch tells us which.
             with contextlib.suppress(Gone, Conflict):
-                await self.host.kube.delete_pod(pod.name, pod.uid)
+                await self.ports.kube.delete_pod(pod.name, pod.uid)
         except BaseException:
             self.deleting = None  # a 500 or a timeout may have deleted nothing: the retry deletes again
             raise

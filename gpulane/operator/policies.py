@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from gpulane.api.admission import AdmissionPolicy
 from gpulane.api.conditions import condition, merge_condition
@@ -14,33 +15,34 @@ from gpulane.api.resources import GpuPolicySpec, GpuPolicyStatus, InvalidPolicy
 from gpulane.api.retention import Retention
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy
-from gpulane.operator.job_writes import JobWrites
 from gpulane.operator.observed import Observed
 
 log = logging.getLogger(__name__)
 
 
-class Host(Protocol):
+@dataclass(frozen=True)
+class Ports:
+    """What the room reads and the effects it asks for; the controller builds it once."""
+
     clock: Callable[[], float]
-    writes: JobWrites
-    observed: Observed
+    observed: Observed  # written here: the limits, caps, retention and admission rules in effect
+    use_policy: Callable[[Policy], None]  # the core ranks by the new policy
+    write_status: Callable[[str, Body], Coroutine[Any, Any, None]]  # a policy's status, by name
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    def use_policy(self, policy: Policy) -> None: ...
 
-
-def policy_event(host: Host, kind: str | None, body: Body) -> None:
+def policy_event(ports: Ports, kind: str | None, body: Body) -> None:
     meta = body["metadata"]
     if kind == "DELETED":
-        host.use_policy(Policy())
-        host.observed.run_limits, host.observed.pending_cap, host.observed.member_pending_cap = RunLimits(), None, None
-        host.observed.retention, host.observed.admission = Retention(), AdmissionPolicy()
-        host.observed.policy_generation = None
+        ports.use_policy(Policy())
+        observed = ports.observed
+        observed.run_limits, observed.pending_cap, observed.member_pending_cap = RunLimits(), None, None
+        observed.retention, observed.admission, observed.policy_generation = Retention(), AdmissionPolicy(), None
         return
     generation = meta.get("generation")
-    if generation == host.observed.policy_generation:
+    if generation == ports.observed.policy_generation:
         return
-    now = host.clock()
+    now = ports.clock()
     try:
         parsed = GpuPolicySpec.checked(body.get("spec") or {})
     except InvalidPolicy as err:
@@ -48,15 +50,15 @@ def policy_event(host: Host, kind: str | None, body: Body) -> None:
         message = f"{err}; the previous policy stays in effect"
         cond = condition("Accepted", False, "InvalidPolicy", message, now, generation)
     else:
-        host.use_policy(parsed.scoring())
-        host.observed.run_limits = parsed.run_limits
-        host.observed.pending_cap = parsed.admission.max_pending_per_namespace
-        host.observed.member_pending_cap = parsed.admission.max_pending_per_member
-        host.observed.admission = parsed.admission
-        host.observed.retention = parsed.ttl_seconds_after_finished
+        ports.use_policy(parsed.scoring())
+        ports.observed.run_limits = parsed.run_limits
+        ports.observed.pending_cap = parsed.admission.max_pending_per_namespace
+        ports.observed.member_pending_cap = parsed.admission.max_pending_per_member
+        ports.observed.admission = parsed.admission
+        ports.observed.retention = parsed.ttl_seconds_after_finished
         cond = condition("Accepted", True, "Valid", "the policy is in effect", now, generation)
-    host.observed.policy_generation = generation
+    ports.observed.policy_generation = generation
     conditions = merge_condition((body.get("status") or {}).get("conditions"), cond)
     fields = {"conditions": conditions, "observedGeneration": generation}
     status = GpuPolicyStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
-    host.spawn(host.writes.cluster_status("gpupolicies", meta["name"], status))
+    ports.spawn(ports.write_status(meta["name"], status))

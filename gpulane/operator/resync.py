@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from gpulane.api.backend_pods import PodState
 from gpulane.api.contract import BACKEND_SELECTOR, Body
+from gpulane.api.shards import Shard
 from gpulane.kube.client import why
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.observed import Observed
-from gpulane.operator.shards import Router
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +55,21 @@ class Sightings:
         return [(name, uid) for name, uid in before.items() if (name, uid) not in present and known.get(name) == uid]
 
 
-class Host(Protocol):
+@dataclass(frozen=True)
+class Ports:
+    """What the resync lists and knows, and where what it finds gone goes: each kind's handler, as for a DELETED
+    event (a backend pod's: ``pod_gone``); the controller builds it once."""
+
     kube: KubeClient
-    observed: Observed
+    shard: Shard  # lists only this shard's lanes and pods
+    observed: Observed  # read: the backend pods
     sightings: Sightings
-    router: Router
-
-    def policy_event(self, kind: str | None, body: Body) -> None: ...
-    def model_event(self, kind: str | None, body: Body) -> None: ...
-    def node_event(self, kind: str | None, body: Body) -> None: ...
-    def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None: ...
-    def pod_gone(self, state: PodState) -> None: ...
+    deleted: Mapping[str, Callable[[str | None, Body], None]]  # kind -> its watch event's handler
+    pod_gone: Callable[[PodState], None]
 
 
-def _listers(host: Host) -> dict[str, Callable[[], Awaitable[list[Body]]]]:
-    kube, shard = host.kube, host.router.shard
+def _listers(ports: Ports) -> dict[str, Callable[[], Awaitable[list[Body]]]]:
+    kube, shard = ports.kube, ports.shard
     return {
         "gpupolicies": lambda: kube.list_cluster("gpupolicies"),
         "gpumodels": lambda: kube.list_cluster("gpumodels"),
@@ -79,37 +79,31 @@ def _listers(host: Host) -> dict[str, Callable[[], Awaitable[list[Body]]]]:
     }
 
 
-def _forget(host: Host, kind: str, name: str, uid: str) -> None:
+def _forget(ports: Ports, kind: str, name: str, uid: str) -> None:
     body: Body = {"metadata": {"name": name, "uid": uid}}
     if kind == "pods":
-        host.sightings.note(kind, "DELETED", body)
-        for state in [s for s in host.observed.pods.values() if s.uid == uid]:
-            host.pod_gone(state)
+        ports.sightings.note(kind, "DELETED", body)
+        for state in [s for s in ports.observed.pods.values() if s.uid == uid]:
+            ports.pod_gone(state)
         return
-    handler = {
-        "gpupolicies": host.policy_event,
-        "gpumodels": host.model_event,
-        "nodes": host.node_event,
-        "gpulanes": host.lane_event,
-    }[kind]
-    handler("DELETED", body)
+    ports.deleted[kind]("DELETED", body)
 
 
-async def resync(host: Host) -> list[tuple[str, str]]:
+async def resync(ports: Ports) -> list[tuple[str, str]]:
     """One pass over ``KINDS``: what was gone without a DELETED event is deleted now. Returns it, as
     ``(kind, name)``."""
     gone: list[tuple[str, str]] = []
-    for kind, lister in _listers(host).items():
-        before = host.sightings.known(kind)
+    for kind, lister in _listers(ports).items():
+        before = ports.sightings.known(kind)
         listed = await lister()
-        for name, uid in host.sightings.vanished(kind, before, listed):
+        for name, uid in ports.sightings.vanished(kind, before, listed):
             log.warning("%s %s is gone, and no watch event said so: it is deleted now", kind, name)
-            _forget(host, kind, name, uid)
+            _forget(ports, kind, name, uid)
             gone.append((kind, name))
     return gone
 
 
-async def run(host: Host, every: float, found: Callable[[str], None], synced: Callable[[], None]) -> None:
+async def run(ports: Ports, every: float, found: Callable[[str], None], synced: Callable[[], None]) -> None:
     """Resync after the rebuild, once the watches have listed (they start as the rebuild ends and list
     within milliseconds), once more for a watch the apiserver was slow to answer, then every ``every``
     seconds: a watch that lists again after it expired loses deletions too. ``found`` is called with the
@@ -120,7 +114,7 @@ async def run(host: Host, every: float, found: Callable[[str], None], synced: Ca
     while True:
         await asyncio.sleep(min(delay, every))
         try:
-            gone = await resync(host)
+            gone = await resync(ports)
         except Exception as err:  # an apiserver away now is one missed round, not a dead loop
             delay = RETRY_SECONDS
             log.warning("resync failed (%s); next in %.0fs", why(err), min(delay, every))

@@ -27,7 +27,8 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from gpulane.api.conditions import condition, merge_condition
 from gpulane.api.contract import FINALIZER, Body
@@ -124,24 +125,26 @@ def _deep(write: Write, head: int) -> bool:
     return was_exact and write[2].get("positionExact") is True and write[2].get("position", 0) > head
 
 
-class StatusHost(Protocol):
-    """What the status writer reads: nothing here is written but statuses."""
+@dataclass(frozen=True)
+class StatusPorts:
+    """What the status writer reads, and where it writes: nothing here is written but statuses (the controller
+    builds it once)."""
 
     settings: Settings
     clock: Callable[[], float]
-    kube: KubeClient
-    dispatcher: Dispatcher
+    kube: KubeClient  # the lanes' and models' status patches
+    dispatcher: Dispatcher  # read: forecasts play a fork of it
     jobs: JobTable
     observed: Observed
     history: DispatchHistory
     lanes: dict[str, LaneRunner]
-    writes: JobWrites
+    writes: JobWrites  # the jobs' positions
     metrics: Metrics  # lane readiness, set where the lane's Ready condition is
 
 
 class StatusWriter:
-    def __init__(self, host: StatusHost) -> None:
-        self.host = host
+    def __init__(self, ports: StatusPorts) -> None:
+        self.ports = ports
         self.dirty = True
         self._lanes: set[str] = set()
         self._models: set[str] = set()
@@ -160,7 +163,7 @@ class StatusWriter:
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
         self._full_seconds = 0.0  # and what it cost
-        self._policy = host.dispatcher.policy  # the policy the last whole forecast ranked by
+        self._policy = ports.dispatcher.policy  # the policy the last whole forecast ranked by
 
     def reorder(self) -> None:
         """The queue's order changed beyond its head, or a job waits without a position: the next pass
@@ -178,8 +181,8 @@ class StatusWriter:
         self.dirty = True
 
     def _full_due(self) -> bool:
-        if self.host.dispatcher.policy is not self._policy:  # a new policy ranks the whole queue anew
-            self._policy, self._reordered = self.host.dispatcher.policy, True
+        if self.ports.dispatcher.policy is not self._policy:  # a new policy ranks the whole queue anew
+            self._policy, self._reordered = self.ports.dispatcher.policy, True
         age = time.monotonic() - self._full_at
         return self._reordered or age >= max(REFRESH_SECONDS, self._full_seconds / FULL_FORECAST_SHARE)
 
@@ -193,10 +196,10 @@ class StatusWriter:
         """Bring the model's learned status in step with what the core has just learned from a ``load``, a
         ``switch`` (a load by the lane's running server) or a ``run``, and have it written; nothing for a model
         that has no GpuModel (any more)."""
-        if model not in self.host.observed.models:
+        if model not in self.ports.observed.models:
             return
-        spec = self.host.dispatcher.model(model)
-        stats = self.host.observed.learned.setdefault(model, {})
+        spec = self.ports.dispatcher.model(model)
+        stats = self.ports.observed.learned.setdefault(model, {})
         stats["loadSeconds"] = round(spec.load_seconds, 3)
         stats["runSeconds"] = round(spec.run_seconds, 3)
         if spec.switch_seconds is not None:
@@ -215,7 +218,7 @@ class StatusWriter:
             held.pop(lane, None)
 
     async def run(self) -> None:
-        interval = self.host.settings.status_interval
+        interval = self.ports.settings.status_interval
         while True:
             started = time.monotonic()
             try:
@@ -225,14 +228,14 @@ class StatusWriter:
             await asyncio.sleep(pause(interval, time.monotonic() - started, self.forecast_seconds))
 
     async def flush(self) -> None:
-        host = self.host
-        now, began = host.clock(), self.monotonic()
+        ports = self.ports
+        now, began = ports.clock(), self.monotonic()
         # The writes a pass may make stand for the time since the last one: passes are spaced when the queue is
         # long (every 16 s at 100,000 pending), and a budget of one interval's would then cap positions far below
         # the rate (30 a second: 100,000 new jobs positioned in an hour).
-        since = min(max(began - self._began, host.settings.status_interval), BUDGET_SECONDS)
+        since = min(max(began - self._began, ports.settings.status_interval), BUDGET_SECONDS)
         self._began = began
-        budget = max(1, int(host.settings.status_writes_per_second * since))
+        budget = max(1, int(ports.settings.status_writes_per_second * since))
         writes: list[Write] = []
         firsts = 0  # jobs that wait for their first position: a burst
         if self.dirty or now - self._last_pass >= REFRESH_SECONDS:
@@ -243,7 +246,7 @@ class StatusWriter:
             full = self._full_due()
             writes = sorted(await self._queue_writes(now, full), key=lambda w: w[0].written is not None)
             firsts = sum(1 for w in writes if w[0].written is None)
-            head = HEAD_POSITIONS * max(1, len(host.lanes))
+            head = HEAD_POSITIONS * max(1, len(ports.lanes))
 
             def deep(write: Write) -> bool:
                 return _deep(write, head)
@@ -278,14 +281,14 @@ class StatusWriter:
         async def job(view: JobView, state: JobState, status: Body, written: tuple[Any, ...]) -> None:
             async with first if view.written is None else refresh:
                 await self._after_dispatches()
-                await host.writes.position(view, status, written, lambda: host.jobs.holds(view, state))
+                await ports.writes.position(view, status, written, lambda: ports.jobs.holds(view, state))
 
         lanes, self._lanes = self._lanes, set()
         models, self._models = self._models, set()
         await asyncio.gather(
             *(job(*w) for w in writes),
-            *(self._write_lane(name) for name in lanes if name in host.lanes),
-            *(self._write_model(name) for name in models if name in host.observed.learned),
+            *(self._write_lane(name) for name in lanes if name in ports.lanes),
+            *(self._write_model(name) for name in models if name in ports.observed.learned),
         )
 
     async def _after_dispatches(self) -> None:
@@ -299,25 +302,25 @@ class StatusWriter:
     def dispatch_in_flight(self) -> bool:
         """Whether a dispatch to a warm backend still holds positions back; a dispatch first seen here starts its
         ``DISPATCH_WAIT_SECONDS``."""
-        pods, now = self.host.observed.pods, self.monotonic()
+        pods, now = self.ports.observed.pods, self.monotonic()
         flying = [
-            view.job.id for view, lane in self.host.jobs.assigned() if (p := pods.get(lane)) is not None and p.ready
+            view.job.id for view, lane in self.ports.jobs.assigned() if (p := pods.get(lane)) is not None and p.ready
         ]
         self._holds = {job: self._holds.get(job, now + DISPATCH_WAIT_SECONDS) for job in flying}
         return any(now < until for until in self._holds.values())
 
     async def _queue_writes(self, now: float, full: bool = True) -> list[Write]:
         """The waiting jobs' status writes: of the whole queue if ``full``, else of each lane's head."""
-        host = self.host
-        dispatcher = host.dispatcher
-        exact_n = host.settings.exact_positions
+        ports = self.ports
+        dispatcher = ports.dispatcher
+        exact_n = ports.settings.exact_positions
         per_lane: Counter[str | None] = Counter()
-        depth: dict[str, Counter[str]] = {name: Counter() for name in host.lanes}
+        depth: dict[str, Counter[str]] = {name: Counter() for name in ports.lanes}
         writes: list[Write] = []
         began, stopped = time.monotonic(), False
         if full:
             self._reordered = False
-        head_span, short = HEAD_FORECAST_SPAN * exact_n * max(1, len(host.lanes)), set(host.lanes)
+        head_span, short = HEAD_FORECAST_SPAN * exact_n * max(1, len(ports.lanes)), set(ports.lanes)
         # A long queue's forecast takes a while (0.6 s at 20,000): the loop gets its turn every slice, so a
         # dispatch that arrives meanwhile is not held behind the whole of it (its fork is a snapshot).
         sliced = begun = time.perf_counter()
@@ -330,7 +333,7 @@ class StatusWriter:
             if not full and (not short or seen >= head_span):
                 stopped = True  # every lane's head is done
                 break
-            view = host.jobs.get(f.job_id)
+            view = ports.jobs.get(f.job_id)
             if view is None or view.state != JobState.PENDING:
                 continue
             band = band_label(view.job.priority, dispatcher.policy)
@@ -371,8 +374,8 @@ class StatusWriter:
             self._depth = {name: dict(c) for name, c in depth.items()}  # a head pass counts only the heads
         log.debug("forecast of %d jobs: %.3fs of %.3fs", sum(per_lane.values()), self.forecast_seconds,
                   time.perf_counter() - begun)  # fmt: skip
-        for view in host.jobs.parked():
-            refused = host.observed.refused_models.get(view.model)
+        for view in ports.jobs.parked():
+            refused = ports.observed.refused_models.get(view.model)
             if view.written != ("parked", refused):
                 reason = "ModelNotFound" if refused is None else "ModelNotAccepted"
                 message = (
@@ -388,7 +391,7 @@ class StatusWriter:
                     conditions=merge_condition(view.conditions, condition("Admitted", False, reason, message, now)),
                 )
                 writes.append((view, JobState.PARKED, status, ("parked", refused)))
-        for name in host.lanes:
+        for name in ports.lanes:
             if self._depth.get(name, {}) != self._written_depth.get(name, {}):
                 self._lanes.add(name)
         return writes
@@ -410,11 +413,11 @@ class StatusWriter:
         return moved or bool(abs(score - written[3]) >= 1)
 
     async def _write_lane(self, name: str) -> None:
-        host = self.host
-        runner = host.lanes[name]
-        core = host.dispatcher.lane_state(name)
-        pod = host.observed.pods.get(name)
-        spacing, now = host.dispatcher.policy.band_spacing, host.clock()
+        ports = self.ports
+        runner = ports.lanes[name]
+        core = ports.dispatcher.lane_state(name)
+        pod = ports.observed.pods.get(name)
+        spacing, now = ports.dispatcher.policy.band_spacing, ports.clock()
         depth = self._depth.get(name, {})
         # A merge patch merges maps: bands that emptied must be removed explicitly.
         queue_depth: dict[str, int | None] = {**dict.fromkeys(self._written_depth.get(name, {})), **depth}
@@ -429,9 +432,9 @@ class StatusWriter:
             why, message = "NoModel", runner.gave_back or "no model is loaded; the next dispatch loads one"
         else:
             why, message = "Loading", f"loading {core.resident}"
-        ready_now = condition("Ready", ready, why, message, host.clock())
+        ready_now = condition("Ready", ready, why, message, ports.clock())
         conditions = self._lane_conditions[name] = merge_condition(self._lane_conditions.get(name), ready_now)
-        host.metrics.lane_ready.labels(name).set(1 if ready else 0)
+        ports.metrics.lane_ready.labels(name).set(1 if ready else 0)
         model = GpuLaneStatus.model_validate(
             {
                 "residentModel": core.resident if core else None,
@@ -440,38 +443,38 @@ class StatusWriter:
                 "ready": ready,
                 "conditions": conditions,
                 "observedGeneration": runner.generation,
-                "history": host.history.of_lane(name),
-                "running": sorted(v.key for v in host.jobs.on_lane(name)),
+                "history": ports.history.of_lane(name),
+                "running": sorted(v.key for v in ports.jobs.on_lane(name)),
                 "queueDepth": depth,
                 "lastServed": [
                     {"member": member, "band": band * spacing, "at": format_time(at)}
-                    for (member, band), at in sorted(host.dispatcher.served().items())
+                    for (member, band), at in sorted(ports.dispatcher.served().items())
                 ],
                 "usage": [
                     {"member": member, "band": band * spacing, "gpuSeconds": round(seconds, 3), "at": format_time(now)}
-                    for (member, band), seconds in sorted(host.dispatcher.usage(now).items())
+                    for (member, band), seconds in sorted(ports.dispatcher.usage(now).items())
                 ],
                 "teamUsage": [
                     {"namespace": team, "band": band * spacing, "gpuSeconds": round(seconds, 3), "at": format_time(now)}
-                    for (team, band), seconds in sorted(host.dispatcher.team_usage(now).items())
+                    for (team, band), seconds in sorted(ports.dispatcher.team_usage(now).items())
                 ],
             }
         )
         status = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
         status["queueDepth"] = queue_depth  # with the emptied bands as None, which the model does not allow
         with contextlib.suppress(Gone):
-            await host.kube.patch_cluster_status("gpulanes", name, {"status": status})
+            await ports.kube.patch_cluster_status("gpulanes", name, {"status": status})
 
     async def _write_model(self, name: str) -> None:
         with contextlib.suppress(Gone):
-            observed = self.host.observed
+            observed = self.ports.observed
             fields: dict[str, Any] = {
                 **observed.learned[name],
                 "observedGeneration": observed.model_generations.get(name),
             }
             if name in observed.model_conditions:
                 fields["conditions"] = observed.model_conditions[name]
-            lanes = self.host.dispatcher.model(name).lanes
+            lanes = self.ports.dispatcher.model(name).lanes
             fields["lanes"] = None if lanes is None else sorted(lanes)  # null removes a selector's old list
             status = GpuModelStatus.model_validate(fields).model_dump(mode="json", by_alias=True, exclude_unset=True)
-            await self.host.kube.patch_cluster_status("gpumodels", name, {"status": status})
+            await self.ports.kube.patch_cluster_status("gpumodels", name, {"status": status})

@@ -94,6 +94,20 @@ def test_the_controller_is_a_router_of_a_few_hundred_lines():
     assert len((PACKAGE / "operator" / "controller.py").read_text().splitlines()) < 400
 
 
+def test_no_room_is_handed_the_controller():
+    """Each room gets its ports (the reads it needs, the effects it asks for), never ``self``: a room that held the
+    controller could reach any part of it."""
+    tree = ast.parse((PACKAGE / "operator" / "controller.py").read_text())
+    offenders = [
+        f"controller.py:{node.lineno} {ast.unparse(node.func)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) != "setattr"
+        for arg in [*node.args, *(k.value for k in node.keywords)]
+        if isinstance(arg, ast.Name) and arg.id == "self"
+    ]
+    assert offenders == []
+
+
 def test_simulate_loads_none_of_the_cluster_libraries():
     """``gpulane simulate`` imports only the core: kopf, kubernetes and aiohttp stay unloaded."""
     probe = (

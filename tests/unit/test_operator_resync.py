@@ -38,13 +38,13 @@ def test_a_lane_deleted_after_the_rebuild_read_it_gets_no_job():
         w.kube.vanish("gpulanes/gpu-0")
         w.kube.vanish("nodes/node-0")
 
-        assert await resync.resync(ctl) == [("nodes", "node-0"), ("gpulanes", "gpu-0")]
+        assert await resync.resync(ctl._resync) == [("nodes", "node-0"), ("gpulanes", "gpu-0")]
         assert "gpu-0" not in ctl.lanes and not ctl.dispatcher.lanes["gpu-0"].online
         assert "node-0" not in ctl.observed.nodes
         ctl.job_event("ADDED", w.kube.put("gpujobs", job_body("j1")))
         assert ctl.jobs[f"{NS}/j1"].state == "pending", "no lane is left to take it"
         assert w.kube.calls_of("create_pod") == []
-        assert await resync.resync(ctl) == [], "what was forgotten is not found again"
+        assert await resync.resync(ctl._resync) == [], "what was forgotten is not found again"
 
     asyncio.run(scenario())
 
@@ -61,7 +61,7 @@ def test_a_model_a_backend_pod_and_the_policy_deleted_unseen_are_forgotten():
         for target in ("gpumodels/m", f"pods/{SYSTEM}/gpulane-gpu-0", "gpupolicies/default"):
             w.kube.vanish(target)
 
-        gone = await resync.resync(ctl)
+        gone = await resync.resync(ctl._resync)
         assert sorted(gone) == [("gpumodels", "m"), ("gpupolicies", "default"), ("pods", "gpulane-gpu-0")]
         assert "m" not in ctl.observed.models
         assert "gpu-0" not in ctl.observed.pods
@@ -90,7 +90,7 @@ def test_what_appears_while_the_list_is_in_flight_is_kept():
             return listed
 
         w.kube.list_cluster = racing_list  # type: ignore[method-assign]
-        assert await resync.resync(ctl) == []
+        assert await resync.resync(ctl._resync) == []
         assert {"gpu-0", "gpu-1"} <= set(ctl.lanes)
 
     asyncio.run(scenario())
@@ -105,10 +105,10 @@ def test_a_lane_created_again_under_its_name_is_forgotten_once_and_comes_back_wi
         w.kube.vanish("gpulanes/gpu-0")
         again = w.kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "second"}, "spec": {}})
 
-        assert await resync.resync(ctl) == [("gpulanes", "gpu-0")], "the lane the operator knew is gone"
+        assert await resync.resync(ctl._resync) == [("gpulanes", "gpu-0")], "the lane the operator knew is gone"
         ctl.lane_event("ADDED", again)
         assert ctl.lanes["gpu-0"].uid == "second"
-        assert await resync.resync(ctl) == []
+        assert await resync.resync(ctl._resync) == []
 
     asyncio.run(scenario())
 
@@ -131,7 +131,7 @@ def test_the_loop_survives_a_failed_list_and_counts_what_it_finds(monkeypatch: p
         synced: list[bool] = []
         monkeypatch.setattr(resync, "RETRY_SECONDS", 0.001)
         monkeypatch.setattr(resync, "FIRST_ROUNDS", (0.001,))
-        loop = asyncio.create_task(resync.run(w.ctl, 60, found.append, lambda: synced.append(True)))
+        loop = asyncio.create_task(resync.run(w.ctl._resync, 60, found.append, lambda: synced.append(True)))
         try:
             await until(lambda: found, "the second round to find the lane gone")
         finally:

@@ -50,7 +50,7 @@ def test_a_held_model_is_accepted_by_its_preset_not_a_pod_of_its_own() -> None:
     from .test_operator_controller import World
 
     w = World()
-    ok = asyncio.run(pod_refusal(w.ctl, "alpha", held(model="/m/a.gguf")))
-    bad = asyncio.run(pod_refusal(w.ctl, "alpha", held(port="9000")))
+    ok = asyncio.run(pod_refusal(w.ctl._models, "alpha", held(model="/m/a.gguf")))
+    bad = asyncio.run(pod_refusal(w.ctl._models, "alpha", held(port="9000")))
     assert ok == (None, "Valid") and bad[1] == "InvalidPreset" and "'port' is the router's" in (bad[0] or "")
     assert not [c for c in w.kube.calls if c.verb == "check_pod"]  # no dry-run pod for it
