@@ -21,7 +21,6 @@ from gpulane.kube.leader import Leadership
 from gpulane.operator import health, loop_lag
 from gpulane.operator.chains import Chains
 from gpulane.operator.controller import Controller
-from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ class Operator:
             self._lag = asyncio.create_task(loop_lag.probe(ctl.metrics.loop_lag.observe))
         assert self.kube is not None
         await self.leadership.win(self.kube, self._led)
-        await rebuild(ctl)
+        await ctl.rebuild()
         ctl.start()
 
     def _led(self, leads: bool) -> None:

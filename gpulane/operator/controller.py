@@ -36,7 +36,7 @@ from gpulane.core.jobs import ModelCatalog
 from gpulane.core.policy import Policy
 from gpulane.core.validation import describe
 from gpulane.kube.protocol import KubeClient
-from gpulane.operator import backends, effects, lane_rules, models, policies, resync
+from gpulane.operator import backends, effects, lane_rules, models, policies, rebuild, resync
 from gpulane.operator.deadlines import overdue
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.intake import Admission
@@ -112,6 +112,13 @@ class Controller:
                    "gpulanes": self.lane_event}  # fmt: skip
         self._resync = resync.Ports(kube=kube, shard=self.router.shard, observed=observed, sightings=self.sightings,
                                    deleted=deleted, pod_gone=self.pod_gone)  # fmt: skip
+        self._rebuild = rebuild.Ports(
+            kube=kube, shard=self.router.shard, clock=clock, lane_state=dispatcher.lane_state, jobs=self.jobs,
+            observed=observed, history=self.history, lanes=self.lanes, policy_event=self.policy_event,
+            model_event=self.model_event, lease_event=self.lease_event, pod_event=self.pod_event,
+            node_event=self.node_event, lane_event=self.lane_event, job_event=self.job_event, settle=self.settle,
+            spawn=self.spawn, end_job=self.end_job, rebuilt=lambda: setattr(self, "ready", True),
+        )  # fmt: skip
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loops: list[asyncio.Task[None]] = []
 
@@ -126,6 +133,10 @@ class Controller:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background write failed", exc_info=task.exception())
+
+    async def rebuild(self, *, max_backoff: float = 30.0) -> None:
+        """Read the cluster's state and replay it (``rebuild.py``): before ``start``, and before any watch event."""
+        await rebuild.rebuild(self._rebuild, max_backoff=max_backoff)
 
     def start(self) -> None:
         found = self.metrics.resync_deletions.labels

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 from gpulane.api.contract import BACKEND_SELECTOR, EXECUTOR_SELECTOR, Body
 from gpulane.api.shards import Shard
 from gpulane.api.times import parse_time
-from gpulane.core.dispatcher import Dispatcher
 from gpulane.core.events import (
     JobAdopted,
     LaneUpdated,
@@ -24,13 +23,14 @@ from gpulane.core.events import (
     TeamUsageRestored,
     UsageRestored,
 )
+from gpulane.core.lanes import LaneState
 from gpulane.kube.client import Gone, backoff, why
 from gpulane.kube.protocol import KubeClient
+from gpulane.operator.effects import EndJob
 from gpulane.operator.history import DispatchHistory
 from gpulane.operator.job_table import Intake, JobState, JobTable, JobView, job_key
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.observed import Observed
-from gpulane.operator.shards import Router
 from gpulane.operator.translate import Refusal, job_from_body
 
 log = logging.getLogger(__name__)
@@ -38,29 +38,40 @@ log = logging.getLogger(__name__)
 ACTIVE_PHASES = ("Dispatching", "Running")
 
 
-class Host(Protocol):
-    """The controller as the rebuild sees it: its state, and the event handlers it replays objects through."""
+class Replay(Protocol):
+    """A watch event's handler of the controller, which the rebuild replays an object through (``kind`` None)."""
 
-    kube: KubeClient
+    def __call__(self, kind: str | None, body: Body) -> None: ...
+
+
+class ReplayLane(Protocol):
+    def __call__(self, kind: str | None, body: Body, *, online: bool = True) -> None: ...
+
+
+@dataclass(frozen=True)
+class Ports:
+    """What the rebuild reads, the controller's handlers it replays each object through as if a watch had just
+    listed it, and the effects it asks for; the controller builds it once."""
+
+    kube: KubeClient  # reads the world; an Event on a job whose status was forged
+    shard: Shard  # reads only this shard's
     clock: Callable[[], float]
-    dispatcher: Dispatcher
-    jobs: JobTable
-    observed: Observed
-    history: DispatchHistory
+    lane_state: Callable[[str], LaneState | None]  # the core's
+    jobs: JobTable  # adopts the jobs found active
+    observed: Observed  # read: pods and models
+    history: DispatchHistory  # read: whether a lane recorded an adopted job's dispatch
     lanes: dict[str, LaneRunner]
-    ready: bool
-    router: Router
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
-    def settle(self, intake: Intake) -> None: ...
-    async def end_job(self, view: JobView, phase: str, reason: str, message: str, *, warning: bool = True) -> None: ...
-    def policy_event(self, kind: str | None, body: Body) -> None: ...
-    def model_event(self, kind: str | None, body: Body) -> None: ...
-    def lease_event(self, kind: str | None, body: Body) -> None: ...
-    def pod_event(self, kind: str | None, body: Body) -> None: ...
-    def node_event(self, kind: str | None, body: Body) -> None: ...
-    def lane_event(self, kind: str | None, body: Body, *, online: bool = True) -> None: ...
-    def job_event(self, kind: str | None, body: Body) -> None: ...
+    policy_event: Replay
+    model_event: Replay
+    lease_event: Replay
+    pod_event: Replay
+    node_event: Replay
+    lane_event: ReplayLane
+    job_event: Replay
+    settle: Callable[[Intake], None]
+    spawn: Callable[[Coroutine[Any, Any, Any]], None]
+    end_job: EndJob
+    rebuilt: Callable[[], None]  # the state is whole: lanes may take jobs
 
 
 @dataclass(frozen=True)
@@ -100,72 +111,68 @@ def _unread(err: BaseException | None) -> str:
     return why(err)
 
 
-async def rebuild(ctl: Host, *, max_backoff: float = 30.0) -> None:
+async def rebuild(ports: Ports, *, max_backoff: float = 30.0) -> None:
     """Read the cluster's state until a read succeeds, then replay it. Until then /readyz says not ready:
     an apiserver that is starting (429 "storage is (re)initializing" right after a CRD is created), down,
     or missing the CRDs delays the start; it does not fail it."""
     unread = "not ready: cannot read the cluster's state"
     async for attempt in backoff(log, unread, initial=0.2, max_backoff=max_backoff, reason=_unread):
         with attempt:
-            world = await read_world(ctl.kube, ctl.router.shard)
-    replay(ctl, world)
+            world = await read_world(ports.kube, ports.shard)
+    replay(ports, world)
 
 
-def replay(ctl: Host, world: World) -> None:
-    observed = ctl.observed
+def replay(ports: Ports, world: World) -> None:
+    observed = ports.observed
     if world.policy is not None:
-        ctl.policy_event(None, world.policy)
+        ports.policy_event(None, world.policy)
     for body in world.models:
-        ctl.model_event(None, body)
+        ports.model_event(None, body)
     for body in world.leases:
-        ctl.lease_event(None, body)
+        ports.lease_event(None, body)
     for body in world.pods:
-        ctl.pod_event(None, body)  # before the lanes: it only records the pod
+        ports.pod_event(None, body)  # before the lanes: it only records the pod
     for body in world.nodes:
-        ctl.node_event(None, body)  # before the lanes: it only records the node
+        ports.node_event(None, body)  # before the lanes: it only records the node
     for body in world.lanes:
-        ctl.lane_event(None, body, online=False)
+        ports.lane_event(None, body, online=False)
     jobs = sorted(world.jobs, key=lambda b: (b["metadata"].get("creationTimestamp", ""), job_key(b)))
     for body in jobs:
         if _adoptable(body):
-            adopt(ctl, body)
+            adopt(ports, body)
     # Fair share's clocks and usage, as the lanes' statuses kept them, in one pass of the core.
     restored = Intake()
     restored.events += (QueueServed(*clock) for clock in served_clocks(world.lanes, jobs))
     restored.events += (UsageRestored(*entry) for entry in usage_entries(world.lanes))
     restored.events += (TeamUsageRestored(*entry) for entry in usage_entries(world.lanes, "teamUsage", "namespace"))
-    ctl.settle(restored)
+    ports.settle(restored)
     for body in jobs:
         if not _adoptable(body):
-            ctl.job_event(None, body)
+            ports.job_event(None, body)
     statuses = {body["metadata"]["name"]: body.get("status") or {} for body in world.lanes}
-    for name, runner in ctl.lanes.items():
-        _check_adopted(ctl, name)
-        resident, loaded = _serving(ctl, name, statuses.get(name) or {})
+    for name, runner in ports.lanes.items():
+        _check_adopted(ports, name)
+        resident, loaded = _serving(ports, name, statuses.get(name) or {})
         # Lane by lane: a model found removed drains the lanes that serve it, which the next lane's state reads.
         lane = Intake(events=[LaneUpdated(name, online=runner.online, resident=resident, loaded=loaded)])
         if resident is not None and resident not in observed.models:  # its GpuModel went while we were away
             lane.events.append(ModelRemoved(resident))
-        ctl.settle(lane)
+        ports.settle(lane)
         runner.kick()
-    ctl.ready = True
-    log.info(
-        "rebuilt: %d jobs waiting, %d active, %d lanes",
-        ctl.dispatcher.pending_count,
-        len(ctl.dispatcher.running),
-        len(ctl.lanes),
-    )
+    ports.rebuilt()
+    log.info("rebuilt: %d jobs, %d of them active, %d lanes", len(ports.jobs), sum(1 for _ in ports.jobs.holding()),
+             len(ports.lanes))  # fmt: skip
 
 
-def _serving(ctl: Host, lane: str, status: Body) -> tuple[str | None, frozenset[str] | None]:
+def _serving(ports: Ports, lane: str, status: Body) -> tuple[str | None, frozenset[str] | None]:
     """The model serving on a lane and the others its server holds. A pod serves its own model. A server's pod
     serves what the lane's status last said of this very pod while it was Ready (the operator's own write): a
     restart of the operator restarts no server, and the models it switched to are still loaded there."""
-    pod = ctl.observed.pods.get(lane)
+    pod = ports.observed.pods.get(lane)
     if pod is None or pod.failed:
-        core = ctl.dispatcher.lane_state(lane)
+        core = ports.lane_state(lane)
         return (core.resident if core else None), None
-    models = ctl.observed.models
+    models = ports.observed.models
 
     def held(model: object) -> bool:
         spec = models.get(model) if isinstance(model, str) else None
@@ -182,43 +189,43 @@ def _adoptable(body: Body) -> bool:
     return (body.get("status") or {}).get("phase") in ACTIVE_PHASES and not body["metadata"].get("deletionTimestamp")
 
 
-def adopt(ctl: Host, body: Body) -> None:
+def adopt(ports: Ports, body: Body) -> None:
     """A job found Dispatching or Running at the rebuild: it holds its lane's capacity again. (Once the
     operator runs, only its own dispatches are active: the controller fails any other that claims to be.)"""
     status, key = body.get("status") or {}, job_key(body)
-    result = job_from_body(body, key, None, ctl.clock())  # no policy check: it runs already, whatever the policy says
+    result = job_from_body(body, key, None, ports.clock())  # no policy check: it runs already, whatever the policy says
     if isinstance(result, Refusal):  # a spec that never validated cannot have been dispatched
         log.error("cannot adopt %s: %s", key, result.message)
         return
     lane = status.get("lane") or ""
     view = JobView.of(body, result)
     dispatched_at, started_at = (
-        parse_time(status.get("dispatchedAt")) or ctl.clock(),
+        parse_time(status.get("dispatchedAt")) or ports.clock(),
         parse_time(status.get("startedAt")),
     )
-    ctl.jobs.adopt(view, status.get("phase") == "Running", dispatched_at, started_at)
-    runner = ctl.lanes.get(lane)
+    ports.jobs.adopt(view, status.get("phase") == "Running", dispatched_at, started_at)
+    runner = ports.lanes.get(lane)
     if runner is None:
-        ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
+        ports.spawn(ports.end_job(view, "Failed", "BackendLost", f"its lane {lane!r} no longer exists"))
         return
-    ctl.settle(Intake(events=[JobAdopted(result, lane, started_at or dispatched_at)]))
-    if ctl.history.recorded(lane, result.id, dispatched_at) is False:
+    ports.settle(Intake(events=[JobAdopted(result, lane, started_at or dispatched_at)]))
+    if ports.history.recorded(lane, result.id, dispatched_at) is False:
         # Adopted all the same (the lane's history is written a moment after the job's dispatch, so a stop in
         # between leaves one out), but a status that someone with gpujobs/status rights forged says so.
         why = (f"its status says it was dispatched to lane {lane} at {status.get('dispatchedAt')}, which the lane's "
                "history does not record: the operator adopted it as it is; if no operator wrote that status, "
                "someone with the right to patch gpujobs/status did")  # fmt: skip
         log.warning("%s: %s", key, why)
-        ctl.spawn(ctl.kube.event(body, "DispatchUnrecorded", why, warning=True, now=ctl.clock()))
+        ports.spawn(ports.kube.event(body, "DispatchUnrecorded", why, warning=True, now=ports.clock()))
     runner.kick()
 
 
-def _check_adopted(ctl: Host, lane: str) -> None:
+def _check_adopted(ports: Ports, lane: str) -> None:
     """Running jobs whose backend pod is gone lost their backend while the operator was away."""
-    pod = ctl.observed.pods.get(lane)
-    for view in ctl.jobs.on_lane(lane, JobState.RUNNING):
+    pod = ports.observed.pods.get(lane)
+    for view in ports.jobs.on_lane(lane, JobState.RUNNING):
         if pod is None or pod.failed or pod.model != view.model:
-            ctl.spawn(ctl.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
+            ports.spawn(ports.end_job(view, "Failed", "BackendLost", "its backend pod was gone after a restart"))
 
 
 def usage_entries(lanes: list[Body], field: str = "usage", who: str = "member") -> list[tuple[str, int, float, float]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 from gpulane.operator.controller import Controller
-from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
 
 from .test_operator_controller import NS, SYSTEM, T0, World, no_lane_loops  # noqa: F401 (the autouse fixture)
@@ -38,7 +37,7 @@ def test_jobs_of_the_same_second_keep_their_arrival_order_after_a_restart():
 
         w.clock.now = T0 + 60
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
-        await rebuild(again)
+        await again.rebuild()
         assert dispatch_order(w, again) == ["zulu", "alpha"], "the restart reordered jobs of the same second"
 
     asyncio.run(scenario())
@@ -60,7 +59,7 @@ def test_jobs_seen_after_their_second_ended_stay_apart_and_keep_their_order_afte
                            "2024-05-01T12:00:10.999002Z"]  # fmt: skip
         w.clock.now = T0 + 60
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
-        await rebuild(again)
+        await again.rebuild()
         assert dispatch_order(w, again) == ["wait-c", "wait-b", "wait-a"], "the takeover reordered them"
 
     asyncio.run(scenario())

@@ -33,7 +33,6 @@ from gpulane.operator.history import HIDDEN_JOB, redacted
 from gpulane.operator.job_table import JobState, JobTable
 from gpulane.operator.lanes import LaneRunner
 from gpulane.operator.pods import backend_pod
-from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
 from gpulane.operator.status import (
     BURST_REFRESH_WRITES,
@@ -814,7 +813,7 @@ def test_rebuild_decides_only_with_the_whole_queue_known():
         kube.put("gpujobs", job_body("low", created=T0 - 200, priority=0))
         kube.put("gpujobs", job_body("high", created=T0 - 100, priority=100))
 
-        await rebuild(ctl)
+        await ctl.rebuild()
 
         assert ctl.ready
         assert [d.job.id for d in ctl.dispatcher.history] == [f"{NS}/high"]
@@ -1203,7 +1202,7 @@ def test_a_finished_job_whose_status_is_forged_running_takes_no_lane():
 
     async def scenario() -> None:
         w = World()
-        await rebuild(w.ctl)  # an operator that has started: from now on it knows every job it dispatched
+        await w.ctl.rebuild()  # an operator that has started: from now on it knows every job it dispatched
         w.model("other")
         await w.warm("run")
         done = job_body("bobs-image", "other", created=T0 - 100)
@@ -1948,7 +1947,7 @@ def test_a_rebuild_whose_reads_fail_retries_them_and_replays_once(
 
         kube.list_cluster = flaky  # type: ignore[method-assign]
         with caplog.at_level("WARNING", logger="gpulane.operator.rebuild"):
-            await rebuild(ctl, max_backoff=0.01)
+            await ctl.rebuild(max_backoff=0.01)
 
         assert failures == 2 and ctl.ready
         assert len(kube.calls_of("list_cluster", "gpumodels")) == 3
@@ -1973,7 +1972,7 @@ def test_rebuild_adopts_a_running_job_the_policy_now_refuses():
         kube.put("gpujobs", running)
         kube.put("gpujobs", job_body("next", "other", created=T0 - 100))
 
-        await rebuild(ctl)
+        await ctl.rebuild()
         await w.reconcile()
 
         assert f"{NS}/r1" in ctl.jobs
@@ -2004,7 +2003,7 @@ def test_a_rebuild_says_on_an_adopted_job_when_its_lanes_history_does_not_record
         running["status"] = {"phase": "Running", "lane": "gpu-0", "dispatchedAt": format_time(T0 - 400),
                              "startedAt": format_time(T0 - 300)}  # fmt: skip
         kube.put("gpujobs", running)
-        await rebuild(ctl)
+        await ctl.rebuild()
         await w.reconcile()
         assert f"{NS}/r1" in ctl.jobs, "adopted either way"
         return [c.body for c in kube.calls_of("event") if c.body["reason"] == "DispatchUnrecorded"]
@@ -2154,7 +2153,7 @@ def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
         w.kube.put("gpulanes", {"metadata": {"name": "gpu-0", "uid": "lane-uid-gpu-0"}, "spec": {"nodeName": "gone"}})
         w.kube.put("gpujobs", job_body("j1", "m"))
         fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
-        await rebuild(fresh)
+        await fresh.rebuild()
         assert fresh.lanes["gpu-0"].node_problem == "node gone does not exist"
         assert not fresh.dispatcher.lanes["gpu-0"].online
         assert fresh.jobs[f"{NS}/j1"].state == "pending"

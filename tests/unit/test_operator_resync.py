@@ -11,7 +11,6 @@ import pytest
 from gpulane.core.policy import Policy
 from gpulane.operator import resync
 from gpulane.operator.controller import Controller
-from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
 
 from .helpers import until
@@ -21,7 +20,7 @@ from .test_operator_controller import NS, SYSTEM, World, job_body, no_lane_loops
 async def restarted(w: World) -> Controller:
     """A new operator's controller, rebuilt from what the fake API holds now."""
     ctl = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
-    await rebuild(ctl)
+    await ctl.rebuild()
     return ctl
 
 

@@ -11,7 +11,6 @@ from typing import Any
 from aiohttp.test_utils import TestServer
 
 from gpulane.operator.controller import Controller
-from gpulane.operator.rebuild import rebuild
 from gpulane.operator.settings import Settings
 
 from .test_operator_controller import NS, SYSTEM, World
@@ -113,7 +112,7 @@ def test_a_restarted_operator_knows_what_the_server_holds_from_the_lanes_status(
             lane = w.kube.objects["gpulanes/gpu-0"]["status"]
             assert (lane["residentModel"], lane["loaded"], lane["ready"]) == ("beta", ["alpha"], True)
             w.ctl = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)  # the new process
-            await rebuild(w.ctl)
+            await w.ctl.rebuild()
             state = w.ctl.dispatcher.lane_state("gpu-0")
             assert state is not None and (state.resident, state.loaded) == ("beta", frozenset({"alpha"}))
             asked = len(router.asked)
@@ -140,7 +139,7 @@ def test_a_lane_status_of_another_pod_or_while_loading_is_not_taken() -> None:
             for stale in ({"pod": "gpulane-gpu-0-old"}, {"ready": False}):
                 w.kube.objects["gpulanes/gpu-0"] = {**lane, "status": {**lane["status"], **stale}}
                 fresh = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
-                await rebuild(fresh)
+                await fresh.rebuild()
                 state = fresh.dispatcher.lane_state("gpu-0")
                 assert state is not None and (state.resident, state.loaded) == ("llama", frozenset()), stale
         finally:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gpulane.operator.controller import Controller
-from gpulane.operator.rebuild import rebuild, usage_entries
+from gpulane.operator.rebuild import usage_entries
 from gpulane.operator.settings import Settings
 
 from .test_operator_controller import NS, SYSTEM, World, no_lane_loops, settles  # noqa: F401 (the autouse fixture)
@@ -33,7 +33,7 @@ def test_usage_is_written_on_the_lane_and_a_restarted_operator_goes_on_from_it(m
         w.clock.now += 3600  # down for one half-life
         again = Controller(w.kube, Settings(namespace=SYSTEM), clock=w.clock)
         settled = settles(monkeypatch)
-        await rebuild(again)
+        await again.rebuild()
         # The clocks and usage the lanes kept reach the core in one pass.
         assert ["QueueServed", "UsageRestored", "TeamUsageRestored"] in settled, settled
         assert again.dispatcher.usage(w.clock())[(f"{NS}/film", 0)] == pytest.approx(entry["gpuSeconds"] / 2, rel=0.001)
