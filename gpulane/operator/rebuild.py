@@ -38,10 +38,8 @@ log = logging.getLogger(__name__)
 ACTIVE_PHASES = ("Dispatching", "Running")
 
 
-class Replay(Protocol):
-    """A watch event's handler of the controller, which the rebuild replays an object through (``kind`` None)."""
-
-    def __call__(self, kind: str | None, body: Body) -> None: ...
+# A watch event's handler of the controller, which the rebuild replays an object through (``kind`` None).
+Replay = Callable[[str | None, Body], None]
 
 
 class ReplayLane(Protocol):
