@@ -31,7 +31,7 @@ from gpulane.admission.review import OUTCOME_FIELDS, OUTCOME_PHASES, QUEUE_FIELD
 from gpulane.admission.rules import SERVICE_ACCOUNT_PREFIX
 from gpulane.api.admission import AdmissionPolicy, Rule, Subjects
 from gpulane.api.chains import CHAIN_LABEL
-from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, REQUESTED_PRIORITY
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, FINALIZER, REQUESTED_PRIORITY
 from gpulane.api.resources import GROUP, VERSION, GpuJobSpec, GpuJobStatus, GpuPolicySpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.durations import MAX_SECONDS
@@ -212,9 +212,9 @@ GROUPS_JSON = f"'[' + variables.groups.map(g, {QUOTED}).join(',') + ']'"
 
 def job_defaults() -> dict[str, Any]:
     """review.mutate_job: a run limit within the policy's, the priority resolved and capped (the asked value
-    kept in an annotation), member and tier from the caller. What would be refused is left for the
-    validating policy to refuse (a mutating policy cannot). One apply configuration carries every change:
-    each mutation would be a server-side apply merge of its own."""
+    kept in an annotation), member and tier from the caller; and a job's finalizer (review.finalizers_on_create).
+    What would be refused is left for the validating policy to refuse (a mutating policy cannot). One apply
+    configuration carries every change: each mutation would be a server-side apply merge of its own."""
     requested = f"type(variables.raw) == string ? {_shortened('variables.raw')} : string(variables.raw)"
     capped = "variables.valid && !variables.reject && variables.priority > variables.cap"
     run, priority, member, tier = (_f(GpuJobSpec, f) for f in ("max_run_seconds", "priority", "member", "tier"))
@@ -227,6 +227,10 @@ def job_defaults() -> dict[str, Any]:
         f"?{_lit(AUTHOR_GROUPS)}: ({chain}) ? optional.of({GROUPS_JSON}) : optional.none()",
     ])  # fmt: skip
     annotations = _maybe("annotations", f"{{{entries}}}", f"({capped}) || ({chain})")
+    # review.finalizers_on_create: a job is born with the operator's finalizer, its own kept (the whole list is
+    # given, so that the merge keeps them whether the apiserver merges the list as a set or replaces it).
+    own = "(has(object.metadata.finalizers) ? object.metadata.finalizers : [])"
+    finalizers = _maybe("finalizers", f"{own} + [{_lit(FINALIZER)}]", f"!({chain}) && !({_lit(FINALIZER)} in {own})")
     fields = [
         _maybe(
             run,
@@ -241,7 +245,9 @@ def job_defaults() -> dict[str, Any]:
         _maybe(member, "variables.ownMember", f"!has({MEMBER})"),
         _maybe(tier, "variables.tier", f"!has({TIER})"),
     ]
-    changes = f"Object{{metadata: Object.metadata{{{annotations}}}, spec: Object.spec{{{', '.join(fields)}}}}}"
+    changes = (
+        f"Object{{metadata: Object.metadata{{{annotations}, {finalizers}}}, spec: Object.spec{{{', '.join(fields)}}}}}"
+    )
     expression = f"variables.chainStep ? Object{{}} : {changes}"
     return {
         "failurePolicy": "Fail",

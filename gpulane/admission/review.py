@@ -7,7 +7,7 @@ Every refusal is a ``Refused`` with a sentence that names the caller, the value 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from gpulane.admission.rules import Caller, Grant, grant
 from gpulane.api.admission import AdmissionPolicy
-from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, REQUESTED_PRIORITY
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, FINALIZER, REQUESTED_PRIORITY
 from gpulane.api.resources import GpuJobSpec, GpuPolicySpec, InvalidPolicy
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy, PolicyError
@@ -100,6 +100,13 @@ def mutate_job(
         out.spec["tier"] = granted.tier
     _check_identity({**spec, **out.spec}, caller, admission, granted)
     return out
+
+
+def finalizers_on_create(finalizers: Sequence[str]) -> list[str] | None:
+    """A new GpuJob's finalizers with the operator's added, or None if it has it already. Born with it, a job
+    costs the operator no write to add it when it nears the head of the queue (the bridge creates its jobs so):
+    one write fewer per job for an apiserver that holds them all."""
+    return None if FINALIZER in finalizers else [*finalizers, FINALIZER]
 
 
 def own_member(caller: Caller, admission: AdmissionPolicy) -> str:

@@ -30,6 +30,7 @@ from gpulane.admission.review import (
     Refused,
     author_annotations,
     check_author,
+    finalizers_on_create,
     mutate_job,
     validate_job,
     validate_policy,
@@ -196,6 +197,8 @@ async def default_job(
     state = _state(memo)
     if not _chain_step(body, userinfo, state):
         _default(dict(spec), body, patch, userinfo, warnings, state)
+        if (finalizers := finalizers_on_create(body.metadata.get("finalizers") or [])) is not None:
+            patch.metadata["finalizers"] = finalizers
 
 
 @kopf.on.mutate(GROUP, VERSION, "gpuchains", id=MUTATE_CHAIN, operations=["CREATE"])

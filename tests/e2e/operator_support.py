@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Self
 
@@ -436,19 +437,19 @@ class World:
 
     # -- cleanup -----------------------------------------------------------------------------------
 
-    def strip_finalizers(self) -> None:
-        """Jobs keep a finalizer while the operator owns them; without an operator, remove it by hand."""
-        for job in self.jobs():
-            if job["metadata"].get("finalizers"):
-                with contextlib.suppress(client.ApiException):
-                    self.custom.patch_namespaced_custom_object(
-                        GROUP,
-                        VERSION,
-                        self.namespace,
-                        "gpujobs",
-                        job["metadata"]["name"],
-                        {"metadata": {"finalizers": None}},
-                    )
+    def strip_finalizers(self, threads: int = 16) -> None:
+        """Jobs keep a finalizer while the operator owns them (admission gives it to each new one); without an
+        operator, remove it by hand, from ``threads`` at once (a bench's 100,000 jobs)."""
+
+        def strip(name: str) -> None:
+            with contextlib.suppress(client.ApiException):
+                self.custom.patch_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "gpujobs", name, {"metadata": {"finalizers": None}}
+                )
+
+        held = [job["metadata"]["name"] for job in self.jobs() if job["metadata"].get("finalizers")]
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(strip, held))
 
     def cleanup(self) -> None:
         self.strip_finalizers()

@@ -19,7 +19,7 @@ import yaml
 
 from gpulane.admission import cel
 from gpulane.admission.configuration import webhook_configurations
-from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS
+from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, FINALIZER
 
 from .operator_support import API, GROUP, VERSION, OperatorProcess, WebhookProcess, World, free_port, tls_ready
 from .support import REPO, Cluster, ServingCert, make_serving_cert, wait_until
@@ -130,6 +130,34 @@ def test_an_untrusted_users_priority_is_capped_with_a_warning(world: World, admi
     assert (job["spec"]["member"], job["spec"]["tier"]) == ("alice", "free")
     alias = submit(world, "alias", *ALICE, priority="batch")
     assert alias.stderr == "" and world.get("alias")["spec"]["priority"] == -100
+
+
+def finalizer_writers(job: dict[str, Any]) -> list[str]:
+    """The field managers that wrote a job's finalizers (its managedFields): none for admission's mutation."""
+    fields = job["metadata"].get("managedFields") or []
+    return [m["manager"] for m in fields if "f:finalizers" in (m.get("fieldsV1") or {}).get("f:metadata", {})]
+
+
+def test_a_job_is_born_with_the_operators_finalizer_and_the_operator_never_writes_it(
+    world: World, operator: OperatorProcess, admission: WebhookProcess
+) -> None:
+    """Admission adds the finalizer on create (review.finalizers_on_create), so the operator has no write to make
+    for it when the job nears the head or is dispatched. A job deleted while it waits is let go at once, and one
+    that ran has the finalizer taken off when it ends, as before."""
+    policy(world)
+    world.lane()
+    submit(world, "first", *ALICE)
+    submit(world, "queued", *ALICE)
+    assert world.get("queued")["metadata"]["finalizers"] == [FINALIZER]
+    world.wait_phase("first", "Running")
+    assert world.wait_phase("queued", "Pending").get("positionExact") is True  # where the finalizer used to be added
+    for name in ("first", "queued"):
+        job = world.get(name)  # admission's own change is nobody's in managedFields; an operator's patch would be
+        assert FINALIZER in job["metadata"]["finalizers"] and not finalizer_writers(job), (name, job["metadata"])
+    world.cluster.kubectl("delete", "gpujob", "queued", "-n", world.namespace, "--wait=false")
+    wait_until(lambda: [j for j in world.jobs() if j["metadata"]["name"] == "queued"] == [], what="queued gone")
+    world.complete("first")
+    wait_until(lambda: not world.get("first")["metadata"].get("finalizers"), what="the finalizer off the ended job")
 
 
 def test_a_chain_is_admitted_as_its_authors_and_its_steps_carry_that(

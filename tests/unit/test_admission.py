@@ -20,11 +20,13 @@ from gpulane.admission.review import (
     REQUESTED_PRIORITY,
     Mutation,
     Refused,
+    finalizers_on_create,
     mutate_job,
     validate_job,
     validate_policy,
 )
 from gpulane.admission.rules import AdmissionPolicy, Caller, Grant, grant
+from gpulane.api.contract import FINALIZER
 from gpulane.api.resources import GpuPolicySpec
 from gpulane.api.run_limits import RunLimits
 from gpulane.core.policy import Policy, PolicyError
@@ -248,6 +250,12 @@ def test_mutate_in_reject_mode_refuses_naming_cap_and_rule() -> None:
         "priority 1000 is above the cap 50 of user alice (rule: team)"
     )
     assert mutate_job({"priority": 50}, ALICE, adm, POLICY).warnings == []
+
+
+def test_a_new_job_gets_the_operators_finalizer_beside_its_own_and_only_once() -> None:
+    assert finalizers_on_create([]) == [FINALIZER]
+    assert finalizers_on_create(["example.com/hold"]) == ["example.com/hold", FINALIZER]
+    assert finalizers_on_create(["example.com/hold", FINALIZER]) is None  # the bridge creates its jobs with it
 
 
 LIMITS = RunLimits(defaultSeconds=600, maxSeconds=7200)
