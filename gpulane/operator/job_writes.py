@@ -23,7 +23,7 @@ from gpulane.api.resources import API_VERSION, GpuJobStatus
 from gpulane.api.times import format_duration, format_micro_time, format_time
 from gpulane.core.events import Expired, Requeued
 from gpulane.core.explain import describe_dispatch
-from gpulane.kube.client import Conflict, Gone
+from gpulane.kube.client import Conflict, Fenced, Gone, backoff
 from gpulane.kube.protocol import KubeClient
 from gpulane.operator.history import DispatchHistory, shown_in
 from gpulane.operator.intake import DropFinalizer, Refuse
@@ -189,23 +189,29 @@ class JobWrites:
         view.observe((await self.kube.patch_job(view.namespace, view.name, patch))["metadata"])
 
     async def drop_finalizer(self, namespace: str, name: str, finalizers: list[str]) -> None:
-        while FINALIZER in finalizers:
-            remaining = [f for f in finalizers if f != FINALIZER]
-            patch = [
-                {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-                {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
-            ]
-            try:
-                await self.kube.patch_job(namespace, name, patch)
-                return
-            except Gone:
-                return
-            except Conflict:  # the list changed meanwhile: read it again and retry
-                try:
-                    fresh = await self.kube.get_job(namespace, name)
-                except Gone:
-                    return
-                finalizers = list(fresh["metadata"].get("finalizers") or [])
+        """Our finalizer off, until it lands: nothing else asks again (no new event comes for an ended or deleted
+        job), so a write lost to a restarting apiserver, or to an admission policy that cannot decide yet after
+        one (a 422), would hold the job, and its deletion, until the operator's next start."""
+        failed = f"removing the finalizer of {namespace}/{name} failed"
+        async for attempt in backoff(log, failed, initial=0.2, max_backoff=10.0):
+            with attempt:
+                while FINALIZER in finalizers:
+                    remaining = [f for f in finalizers if f != FINALIZER]
+                    patch = [
+                        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                        {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
+                    ]
+                    try:
+                        await self.kube.patch_job(namespace, name, patch)
+                        return
+                    except (Gone, Fenced):  # gone; or no longer the leader, whose rebuild takes it off
+                        return
+                    except Conflict:  # the list changed meanwhile: read it again and retry
+                        try:
+                            fresh = await self.kube.get_job(namespace, name)
+                        except Gone:
+                            return
+                        finalizers = list(fresh["metadata"].get("finalizers") or [])
 
     async def position(self, view: JobView, status: Body, written: tuple[Any, ...], holds: Callable[[], bool]) -> None:
         """A waiting job's queue status (``written`` says what it shows), while ``holds()`` says it still waits.

@@ -118,11 +118,12 @@ def _exact(write: Write) -> bool:
 
 
 def _deep(write: Write, head: int) -> bool:
-    """A rewrite of an exact position past the queue's first ``head`` places, over an exact position (a job that
-    was parked or rounded until now is written at once)."""
+    """A rewrite of an exact position past the queue's first ``head`` places, over a position, exact or rounded (a
+    job that had none, or was parked, is written at once). A job that comes within the exact positions keeps its
+    rounded one, an upper bound, until then: each dispatch brings one there, a write per dispatch otherwise."""
     written = write[0].written
-    was_exact = written is not None and len(written) == 5 and bool(written[1])
-    return was_exact and write[2].get("positionExact") is True and write[2].get("position", 0) > head
+    positioned = written is not None and len(written) == 5
+    return positioned and write[2].get("positionExact") is True and write[2].get("position", 0) > head
 
 
 @dataclass(frozen=True)

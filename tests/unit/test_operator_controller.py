@@ -1452,6 +1452,34 @@ def test_past_the_heads_places_moved_exact_positions_are_rewritten_now_and_then(
     asyncio.run(scenario())
 
 
+def test_a_job_that_comes_within_the_exact_positions_past_the_head_waits_for_their_refresh():
+    """Each dispatch brings one job from a rounded position to an exact one. Past the head's places that first
+    exact position waits for the exact positions' refresh (every REFRESH_DEFER_SECONDS) as their moves do, with
+    its rounded one, an upper bound, on it meanwhile: with a dispatch a second it was a write per dispatch."""
+
+    async def scenario() -> None:
+        exact = 20
+        w, clock = await paced_world(exact_positions=exact, status_writes_per_second=10_000)
+        due = int(status_module.REFRESH_DEFER_SECONDS)
+        names = [f"q{i:02d}" for i in range(2 * exact)]
+        for i, name in enumerate(names):
+            w.submit(name, created=T0 + 1 + i)
+        await w.ctl.status.flush()  # every first position: 21st to 40th rounded to 40
+        for second in range(1, 2 * due + 1):
+            clock[0] += 1
+            w.ctl.job_event("DELETED", w.kube.vanish(f"gpujobs/{NS}/{names[second - 1]}"))  # everyone moves up
+            mark = len(w.kube.calls)
+            await w.ctl.status.flush()
+            written = {n: as_merge(p)["status"] for n, p in statuses(w.kube, mark)}
+            crossed = names[second - 1 + exact]  # now 20th: exact, past the head
+            if (second - 1) % due:
+                assert crossed not in written, (second, written.get(crossed))
+            else:  # with the refresh of the exact positions past the head
+                assert (written[crossed]["position"], written[crossed]["positionExact"]) == (exact, True), second
+
+    asyncio.run(scenario())
+
+
 def test_a_job_whose_model_appears_gets_its_position_at_once_even_past_the_heads_places():
     """A parked job (no GpuModel of its model yet) has a status written, but no position: when its model appears,
     its first position goes out at the next pass, although it is past the head's places and a refresh of those
