@@ -161,9 +161,9 @@ def bench_world(*operator_args: str, crds: Path = REPO / "crds") -> Iterator[Ben
     finally:
         if crds != REPO / "crds":  # this tree's again, however the run ended
             cluster.kubectl("apply", "-f", str(REPO / "crds"))
+        operator.stop()  # first: it would answer each job's finalizer coming off, and add one again near the head
+        delete_jobs(world)
         world.cleanup()
-        operator.stop()
-        delete_jobs(world)  # the operator, stopped, adds no finalizer any more
         core = client.CoreV1Api(api)
         core.delete_namespace(namespace)
         # Deleting thousands of jobs keeps the apiserver and etcd busy for minutes: the next run (a --base
