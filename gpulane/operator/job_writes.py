@@ -176,7 +176,8 @@ class JobWrites:
         if result.ended is not Ended.WRITTEN:
             return
         await self.kube.event(view.ref(), QUEUE_TIMEOUT, message, warning=True, now=now)
-        await self.drop_finalizer(view.namespace, view.name, view.finalizers)
+        # On its own: the lane's next dispatch waits for this write, and the drop is retried until it lands.
+        self.spawn(self.drop_finalizer(view.namespace, view.name, view.finalizers))
 
     async def add_finalizer(self, view: JobView) -> None:
         if FINALIZER in view.finalizers:
