@@ -185,6 +185,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         lag_n = after.get(f"{lag}_count", 0.0)
         lag_over = {ms: round(lag_n - after.get(f'{lag}_bucket{{le="{le}"}}', 0.0))
                     for ms, le in (("10", "0.01"), ("25", "0.025"), ("50", "0.05"), ("100", "0.1"))}  # fmt: skip
+        # How many dispatches the operator itself took longer than each bound (its own histogram): a slow one
+        # the operator held, beside a slow total it did not.
+        own = "gpulane_dispatch_latency_seconds"
+        own_over = {ms: round(internal_n - after.get(f'{own}_bucket{{le="{le}"}}', 0.0))
+                    for ms, le in (("25", "0.025"), ("50", "0.05"), ("100", "0.1"))}  # fmt: skip
         return {
             "shards": args.shards,
             "lanes": args.lanes * args.shards,
@@ -202,6 +207,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
             "operator_part_p99_ms": round(percentile(parts, 99) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
+            "operator_internal_over_ms": own_over,
             "operator_writes_per_second": round(writes / elapsed, 1),
             "operator_writes_per_dispatch": round(writes / len(totals), 1),
             "operator_writes_per_dispatch_by_kind": {

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from gpulane.admission.configuration import ADMITTED, AUTHOR_CHANGED, STATUS_CHANGED
 from gpulane.admission.review import OUTCOME_FIELDS, OUTCOME_PHASES, QUEUE_FIELDS, REQUEST_FIELDS
 from gpulane.admission.rules import SERVICE_ACCOUNT_PREFIX
+from gpulane.api import generated
 from gpulane.api.admission import AdmissionPolicy, Rule, Subjects
 from gpulane.api.chains import CHAIN_LABEL
 from gpulane.api.contract import AUTHOR, AUTHOR_GROUPS, FINALIZER, REQUESTED_PRIORITY
@@ -557,18 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="write (or --check) the generated admission policies")
     parser.add_argument("--check", action="store_true", help="fail when a committed file differs")
     args = parser.parse_args(argv)
-    stale = []
-    for path, text in rendered().items():
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path.relative_to(REPO)))
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m gpulane.admission.cel` (make crds)", file=sys.stderr)
-        return 1
-    return 0
+    remedy = "run `python -m gpulane.admission.cel` (make crds)"
+    return generated.sync(rendered(), check=args.check, remedy=remedy)
 
 
 if __name__ == "__main__":

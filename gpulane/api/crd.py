@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from gpulane.api import generated
 from gpulane.api.kinds import KINDS, Kind, PrinterColumn
 from gpulane.api.resources import GROUP, VERSION
 
@@ -251,28 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dir", nargs="?", default="crds", type=Path, metavar="DIR", help="default: crds")
     args = parser.parse_args(argv)
     out_dir: Path = args.dir
-    wanted = render_all()
-    stale = sorted(p for p in out_dir.glob(f"{GROUP}_*.yaml") if p.name not in wanted)
-    changed = {
-        out_dir / name: text
-        for name, text in wanted.items()
-        if not (out_dir / name).is_file() or (out_dir / name).read_bytes() != text.encode()
-    }
-    if args.check:
-        problems = [f"{p}: {'differs' if p.exists() else 'missing'}" for p in changed] + [f"{p}: stale" for p in stale]
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        if problems:
-            print("the CRDs are out of date with gpulane/api/resources.py; run `make crds`", file=sys.stderr)
-        return 1 if problems else 0
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for path, text in changed.items():
-        path.write_bytes(text.encode())
-        print(f"wrote {path}")
-    for path in stale:
-        path.unlink()
-        print(f"removed {path}")
-    return 0
+    wanted = {out_dir / name: text for name, text in render_all().items()}
+    stale = (p for p in out_dir.glob(f"{GROUP}_*.yaml") if p not in wanted)
+    remedy = "the CRDs differ from gpulane/api/resources.py; run `make crds`"
+    return generated.sync(wanted, check=args.check, remedy=remedy, stale=stale)
 
 
 if __name__ == "__main__":

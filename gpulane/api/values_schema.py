@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpulane.api import crd
+from gpulane.api import crd, generated
 from gpulane.api.kinds import KINDS
 
 DEFAULT_FILE = Path("charts/gpulane/values.schema.json")
@@ -74,16 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("file", nargs="?", default=DEFAULT_FILE, type=Path, metavar="FILE")
     args = parser.parse_args(argv)
     path: Path = args.file
-    text = path.read_text()
-    wanted = dumps(render(json.loads(text)))
-    if text == wanted:
-        return 0
-    if args.check:
-        print(f"{path}: the generated $defs are out of date with the models; run `make crds`", file=sys.stderr)
-        return 1
-    path.write_text(wanted)
-    print(f"wrote {path}")
-    return 0
+    wanted = dumps(render(json.loads(path.read_text())))
+    remedy = "the generated $defs differ from the models; run `make crds`"
+    return generated.sync({path: wanted}, check=args.check, remedy=remedy)
 
 
 if __name__ == "__main__":

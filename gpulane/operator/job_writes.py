@@ -195,24 +195,22 @@ class JobWrites:
         one (a 422), would hold the job, and its deletion, until the operator's next start."""
         failed = f"removing the finalizer of {namespace}/{name} failed"
         async for attempt in backoff(log, failed, initial=0.2, max_backoff=10.0):
-            with attempt:
-                while FINALIZER in finalizers:
-                    remaining = [f for f in finalizers if f != FINALIZER]
-                    patch = [
-                        {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
-                        {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
-                    ]
-                    try:
-                        await self.kube.patch_job(namespace, name, patch)
-                        return
-                    except (Gone, Fenced):  # gone; or no longer the leader, whose rebuild takes it off
-                        return
-                    except Conflict:  # the list changed meanwhile: read it again and retry
-                        try:
-                            fresh = await self.kube.get_job(namespace, name)
-                        except Gone:
-                            return
-                        finalizers = list(fresh["metadata"].get("finalizers") or [])
+            # Gone, or no longer the leader (whose rebuild takes it off): nothing left to do.
+            with attempt, contextlib.suppress(Gone, Fenced):
+                await self._drop(namespace, name, finalizers)
+
+    async def _drop(self, namespace: str, name: str, finalizers: list[str]) -> None:
+        """One try at taking our finalizer off; a list that changed meanwhile is read again and tried at once."""
+        while FINALIZER in finalizers:
+            patch = [
+                {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                {"op": "replace", "path": "/metadata/finalizers", "value": [f for f in finalizers if f != FINALIZER]},
+            ]
+            try:
+                await self.kube.patch_job(namespace, name, patch)
+                return
+            except Conflict:
+                finalizers = list((await self.kube.get_job(namespace, name))["metadata"].get("finalizers") or [])
 
     async def position(self, view: JobView, status: Body, written: tuple[Any, ...], holds: Callable[[], bool]) -> None:
         """A waiting job's queue status (``written`` says what it shows), while ``holds()`` says it still waits.
