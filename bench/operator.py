@@ -18,8 +18,9 @@ apiserver's tail with nothing else writing. The timing starts once every job sho
 has gone quiet (15 s without an API write but its Lease's, under 5% of a core, and the apiserver under 20% of one:
 no garbage collection of a burst's aftermath, whose cycles came every 10 s), or after 600 s; the report says which
 (``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest dispatches with the trip
-timed right after each, and the p99 of each dispatch less twice that trip (``operator_part_p99_ms``): whether a
-tail is the apiserver's or the operator's.
+timed right after each, the p99 of each dispatch less twice that trip (``operator_part_p99_ms``), and how many
+dispatches the operator's own histogram put past 25, 50 and 100 ms (``operator_internal_over_ms``): whether a tail
+is the apiserver's or the operator's.
 
 swap: a job for the other model than the one loaded, applied -> Running, on a lane on the real node gpu-0
 (the operator deletes the pod, waits until it is gone, creates the next one, and the kubelet's readiness
@@ -151,9 +152,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
         after: dict[str, float] = {}
+        lifetime: dict[str, float] = {}  # since each operator started: the burst that built the queue too
         for operator, was in zip(operators, before, strict=True):  # the shards' counters, summed
             for k, v in operator.metrics().items():
                 after[k] = after.get(k, 0.0) + v - was.get(k, 0.0)
+                lifetime[k] = lifetime.get(k, 0.0) + v
         peak_rss = max(peak_rss_mib(pid) for pid in pids)
         if args.timeline:  # each dispatch: its start (wall clock, s), its time and the trip after it (ms)
             rows = zip(walls, totals, trips, strict=True)
@@ -190,6 +193,12 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         own = "gpulane_dispatch_latency_seconds"
         own_over = {ms: round(internal_n - after.get(f'{own}_bucket{{le="{le}"}}', 0.0))
                     for ms, le in (("25", "0.025"), ("50", "0.05"), ("100", "0.1"))}  # fmt: skip
+        # Python's full collections in the operators, while timed and since they started: each holds the loop, and
+        # a dispatch behind it waits.
+        full = 'gpulane_gc_pause_seconds_{}{{generation="2"}}'
+        full_gc = {when: {"count": round(counts.get(full.format("count"), 0.0)),
+                          "seconds": round(counts.get(full.format("sum"), 0.0), 3)}
+                   for when, counts in (("timed", after), ("since_start", lifetime))}  # fmt: skip
         return {
             "shards": args.shards,
             "lanes": args.lanes * args.shards,
@@ -208,6 +217,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_part_p99_ms": round(percentile(parts, 99) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
             "operator_internal_over_ms": own_over,
+            "operator_full_collections": full_gc,
             "operator_writes_per_second": round(writes / elapsed, 1),
             "operator_writes_per_dispatch": round(writes / len(totals), 1),
             "operator_writes_per_dispatch_by_kind": {

@@ -39,6 +39,7 @@ class Operator:
         self.chains: Chains | None = None
         self._health: web.AppRunner | None = None
         self._lag: asyncio.Task[None] | None = None
+        self._untime: Callable[[], None] | None = None
 
     async def start(self, configuration: client.Configuration) -> None:
         """Build what is missing (kopf retries a failed startup: what a try made is kept), stand by until this
@@ -53,6 +54,8 @@ class Operator:
         if self._health is None:
             self._health = await health.serve(self.host, self.port, ctl.metrics.registry, self.ready)
             self._lag = asyncio.create_task(loop_lag.probe(ctl.metrics.loop_lag.observe))
+            pauses = ctl.metrics.collections
+            self._untime = loop_lag.time_collections(lambda gen, s: pauses.labels(str(gen)).observe(s))
         assert self.kube is not None
         await self.leadership.win(self.kube, self._led)
         await ctl.rebuild()
@@ -85,3 +88,5 @@ class Operator:
         if self._lag is not None:
             self._lag.cancel()
             await asyncio.gather(self._lag, return_exceptions=True)  # gone before the loop closes
+        if self._untime is not None:
+            self._untime()

@@ -95,6 +95,13 @@ class Metrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
+        self.collections = Histogram(
+            "gpulane_gc_pause_seconds",
+            "Python's cyclic collections, by generation: each holds the event loop for as long",
+            ["generation"],
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
         self.api_writes = Counter("gpulane_api_writes_total", "Writes to the Kubernetes API", ["kind"], registry=r)
         self.leader = Gauge("gpulane_leader", "1 while this replica leads (the one that writes), else 0", registry=r)
         self.leader_transitions = Counter(
