@@ -218,6 +218,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
             "operator_internal_over_ms": own_over,
             "operator_full_collections": full_gc,
+            "operator_frozen_objects": round(lifetime.get("gpulane_gc_frozen_objects", 0.0)),
             "operator_writes_per_second": round(writes / elapsed, 1),
             "operator_writes_per_dispatch": round(writes / len(totals), 1),
             "operator_writes_per_dispatch_by_kind": {

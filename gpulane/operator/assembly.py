@@ -18,7 +18,7 @@ from kubernetes.aio import client
 
 from gpulane.kube.client import Kube
 from gpulane.kube.leader import Leadership
-from gpulane.operator import health, loop_lag
+from gpulane.operator import collector, health, loop_lag
 from gpulane.operator.chains import Chains
 from gpulane.operator.controller import Controller
 from gpulane.operator.settings import Settings
@@ -55,7 +55,9 @@ class Operator:
             self._health = await health.serve(self.host, self.port, ctl.metrics.registry, self.ready)
             self._lag = asyncio.create_task(loop_lag.probe(ctl.metrics.loop_lag.observe))
             pauses = ctl.metrics.collections
-            self._untime = loop_lag.time_collections(lambda gen, s: pauses.labels(str(gen)).observe(s))
+            self._untime = collector.time_collections(
+                lambda gen, s: pauses.labels(str(gen)).observe(s), asyncio.get_running_loop()
+            )
         assert self.kube is not None
         await self.leadership.win(self.kube, self._led)
         await ctl.rebuild()

@@ -6,10 +6,8 @@ by how much and how often, beside the apiserver's own latency."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import Callable
-from typing import Any
 
 PROBE_SECONDS = 0.05  # twenty samples a second: a hold of tens of milliseconds is seen, at no cost worth counting
 
@@ -19,19 +17,3 @@ async def probe(observe: Callable[[float], None], interval: float = PROBE_SECOND
         started = time.monotonic()
         await asyncio.sleep(interval)
         observe(max(0.0, time.monotonic() - started - interval))
-
-
-def time_collections(observe: Callable[[int, float], None]) -> Callable[[], None]:
-    """Each of Python's cyclic collections timed, by generation: a full one walks every object the operator holds
-    (hundreds of thousands of jobs' views), and holds the loop for all of it. Returns how to stop."""
-    started = 0.0
-
-    def callback(phase: str, info: dict[str, Any]) -> None:
-        nonlocal started
-        if phase == "start":
-            started = time.perf_counter()
-        else:
-            observe(info["generation"], time.perf_counter() - started)
-
-    gc.callbacks.append(callback)
-    return lambda: gc.callbacks.remove(callback)

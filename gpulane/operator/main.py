@@ -137,7 +137,8 @@ def tune_gc() -> None:
     """Python's cyclic collector was 30% of the operator's CPU in a 5,000-job burst (py-spy --native): each
     pass over the queue allocates thousands of short-lived dicts, and each full collection walked every
     module, model class and job. The imported code is frozen out of the walks, and young collections are
-    rarer; refcounting still frees almost everything at once."""
+    rarer; refcounting still frees almost everything at once. What the operator builds up later (a long queue)
+    is frozen once it makes a full collection long (collector.py)."""
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)

@@ -6,6 +6,7 @@ so keeping them right costs nothing per event.
 
 from __future__ import annotations
 
+import gc
 import heapq
 from collections.abc import Callable, Iterator
 
@@ -102,6 +103,10 @@ class Metrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
+        self.frozen = Gauge(
+            "gpulane_gc_frozen_objects", "Objects frozen out of Python's collections (after a long one)", registry=r
+        )
+        self.frozen.set_function(gc.get_freeze_count)
         self.api_writes = Counter("gpulane_api_writes_total", "Writes to the Kubernetes API", ["kind"], registry=r)
         self.leader = Gauge("gpulane_leader", "1 while this replica leads (the one that writes), else 0", registry=r)
         self.leader_transitions = Counter(
