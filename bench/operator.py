@@ -86,6 +86,13 @@ def shards_of(bench: Any, args: argparse.Namespace, stack: contextlib.ExitStack,
     return out
 
 
+def over_bounds(samples: dict[str, float], histogram: str, bounds_ms: tuple[str, ...]) -> dict[str, int]:
+    """How many observations of ``histogram`` (its samples as ``name{labels}`` -> value) exceeded each bound, in ms
+    (each a bucket's upper bound)."""
+    count = samples.get(f"{histogram}_count", 0.0)
+    return {ms: round(count - samples.get(f'{histogram}_bucket{{le="{int(ms) / 1000}"}}', 0.0)) for ms in bounds_ms}
+
+
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     with bench_world(*args.operator_args, crds=args.crds) as bench, contextlib.ExitStack() as stack:
         api, world, namespace = bench.api, bench.world, bench.namespace
@@ -183,16 +190,13 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         writes = sum(v for k, v in after.items() if k.startswith("gpulane_api_writes_total{"))
         # Each dispatch less twice the trip timed right after it: a tail the apiserver's slow moments leave unexplained.
         parts = [total - 2 * trip for total, trip in zip(totals, trips, strict=True)]
-        # How often the operator's loop woke its 50 ms probe late by more than each bound, while timed.
+        # How often the operator's loop woke its 50 ms probe late by more than each bound, while timed; and how many
+        # dispatches the operator itself took longer than each (its own histogram): a slow one the operator held,
+        # beside a slow total it did not.
         lag = "gpulane_event_loop_lag_seconds"
         lag_n = after.get(f"{lag}_count", 0.0)
-        lag_over = {ms: round(lag_n - after.get(f'{lag}_bucket{{le="{le}"}}', 0.0))
-                    for ms, le in (("10", "0.01"), ("25", "0.025"), ("50", "0.05"), ("100", "0.1"))}  # fmt: skip
-        # How many dispatches the operator itself took longer than each bound (its own histogram): a slow one
-        # the operator held, beside a slow total it did not.
-        own = "gpulane_dispatch_latency_seconds"
-        own_over = {ms: round(internal_n - after.get(f'{own}_bucket{{le="{le}"}}', 0.0))
-                    for ms, le in (("25", "0.025"), ("50", "0.05"), ("100", "0.1"))}  # fmt: skip
+        lag_over = over_bounds(after, lag, ("10", "25", "50", "100"))
+        own_over = over_bounds(after, "gpulane_dispatch_latency_seconds", ("25", "50", "100"))
         # Python's full collections in the operators, while timed and since they started: each holds the loop, and
         # a dispatch behind it waits.
         full = 'gpulane_gc_pause_seconds_{}{{generation="2"}}'

@@ -20,18 +20,33 @@ def unfrozen() -> Iterator[None]:
     gc.unfreeze()  # the rest of the suite collects as usual
 
 
+async def after_queued() -> None:
+    """Once every callback the loop had queued before this call has run (the loop runs them in order)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_soon_threadsafe(done.set_result, None)
+    await asyncio.wait_for(done, timeout=5)
+
+
 def test_each_collection_is_timed_by_its_generation_on_the_loops_next_turn_until_stopped() -> None:
     async def scenario() -> None:
         seen: list[tuple[int, float]] = []
-        stop = collector.time_collections(lambda g, s: seen.append((g, s)), asyncio.get_running_loop(), 60.0)
+        full = asyncio.Event()
+
+        def observe(generation: int, seconds: float) -> None:
+            seen.append((generation, seconds))
+            if generation == 2:
+                full.set()
+
+        stop = collector.time_collections(observe, asyncio.get_running_loop(), 60.0)
         gc.collect(2)  # the event under test: a full collection
         assert seen == [], "observed inside the collector's callback, where a metric's lock may be held"
-        await asyncio.sleep(0)
-        assert 2 in {g for g, _ in seen} and all(s >= 0 for _, s in seen), seen
+        await asyncio.wait_for(full.wait(), timeout=5)
+        assert all(s >= 0 for _, s in seen), seen
         stop()
         count = len(seen)
         gc.collect(2)
-        await asyncio.sleep(0)
+        await after_queued()
         assert len(seen) == count, "a stopped timer still observed collections"
 
     asyncio.run(scenario())
@@ -43,7 +58,7 @@ def test_a_long_full_collection_freezes_its_survivors_on_the_loops_next_turn() -
         try:
             gc.collect(2)  # the event under test
             assert gc.get_freeze_count() == 0, "frozen inside the collector's callback"
-            await asyncio.sleep(0)  # the loop's next turn
+            await after_queued()  # the freeze, if the collection asked for one, has run
             return gc.get_freeze_count()
         finally:
             stop()
