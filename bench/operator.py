@@ -40,6 +40,7 @@ import argparse
 import contextlib
 import json
 import os
+import queue
 import signal
 import statistics
 import subprocess
@@ -115,6 +116,16 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             _at, name, obj = watcher.until(lambda n, p, o: p is not None, timeout=max(1.0, deadline - time.monotonic()))
             phases[name] = obj["status"]["phase"]
         running = {name for name, phase in phases.items() if phase == "Running"}
+        # A lane's first job may turn Running after the last job showed its first phase (a pod slower than the
+        # creations). A lane that never runs one is held by something else: say so rather than time nothing.
+        while len(running) < args.lanes * args.shards:
+            try:
+                running.add(watcher.until(lambda n, p, o: p == "Running", timeout=300)[1])
+            except queue.Empty:
+                raise SystemExit(
+                    f"{len(running)} of the bench's {args.lanes * args.shards} lanes run a job after 300 s: is an "
+                    "interrupted run's queue still on the cluster (`kubectl get gpujobs -A`)?"
+                ) from None
         settling, settling_writes, quiet = wait_quiet(operators, quiet=15.0)  # longer than a GC cycle's period
         before = [operator.metrics() for operator in operators]
         pids = [operator.proc.pid for operator in operators if operator.proc is not None]
