@@ -82,6 +82,10 @@ DISPATCH_POLL_SECONDS = 0.005
 # The forecast gives the event loop its turn this often, and takes at most this share of the loop's time.
 FORECAST_SLICE_SECONDS = 0.003
 FORECAST_SHARE = 0.25
+# Its first step cannot be sliced: the dispatcher's fork copies the whole queue (50 to 66 ms at 100,000 pending,
+# bench/dispatch.py --forks), and a dispatch that arrives meanwhile waits for it. The longest hold of a pass
+# spaces the passes so that holds take at most this share of the loop's time: a hold of 66 ms, a pass every 2.2 s.
+HOLD_SHARE = 0.03
 # The whole queue's forecast, when nothing reordered it, takes at most this share of the loop's time.
 FULL_FORECAST_SHARE = 0.05
 # A head pass forecasts until each lane has its exact positions, or this many times their sum at most.
@@ -94,11 +98,14 @@ BUDGET_SECONDS = 60.0
 Write = tuple[JobView, JobState, Body, tuple[Any, ...]]
 
 
-def pause(interval: float, elapsed: float, forecast_seconds: float) -> float:
+def pause(interval: float, elapsed: float, forecast_seconds: float, held_seconds: float = 0.0) -> float:
     """How long the writer waits after a pass of ``elapsed`` seconds. Passes start at most once per interval,
     so a pass's budget is also a rate; and a long queue's forecast takes at most ``FORECAST_SHARE`` of the
-    loop's time (positions and estimates then come less often: every 2.8 s for a 0.7 s forecast)."""
-    return max(0.05, interval - elapsed, forecast_seconds / FORECAST_SHARE - elapsed)
+    loop's time (positions and estimates then come less often: every 2.8 s for a 0.7 s forecast), and its longest
+    hold of the loop, ``held_seconds``, at most ``HOLD_SHARE``."""
+    return max(
+        0.05, interval - elapsed, forecast_seconds / FORECAST_SHARE - elapsed, held_seconds / HOLD_SHARE - elapsed
+    )
 
 
 def bucket(position: int, exact: int) -> int:
@@ -161,6 +168,7 @@ class StatusWriter:
         self._deep = -math.inf  # and exact ones past the head's places
         self._holds: dict[str, float] = {}  # each dispatch in flight: until when it holds positions back
         self.forecast_seconds = 0.0  # the last pass's forecast, slices included: what a pass costs the loop
+        self.held_seconds = 0.0  # and the longest it held the loop at once (its first step: the fork)
         self._reordered = True  # the next pass forecasts the whole queue
         self._full_at = -math.inf  # when the last whole forecast began (monotonic)
         self._full_seconds = 0.0  # and what it cost
@@ -226,7 +234,8 @@ class StatusWriter:
                 await self.flush()
             except Exception:
                 log.exception("status pass failed; retrying")
-            await asyncio.sleep(pause(interval, time.monotonic() - started, self.forecast_seconds))
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(pause(interval, elapsed, self.forecast_seconds, self.held_seconds))
 
     async def flush(self) -> None:
         ports = self.ports
@@ -325,10 +334,10 @@ class StatusWriter:
         # A long queue's forecast takes a while (0.6 s at 20,000): the loop gets its turn every slice, so a
         # dispatch that arrives meanwhile is not held behind the whole of it (its fork is a snapshot).
         sliced = begun = time.perf_counter()
-        spent = 0.0  # the forecast's own time, without the loop's turns
+        spent = held = 0.0  # the forecast's own time, without the loop's turns; its longest stretch
         for seen, f in enumerate(forecasting(dispatcher)):
             if (now_perf := time.perf_counter()) - sliced > FORECAST_SLICE_SECONDS:
-                spent += now_perf - sliced
+                spent, held = spent + now_perf - sliced, max(held, now_perf - sliced)
                 await asyncio.sleep(0)
                 sliced = time.perf_counter()
             if not full and (not short or seen >= head_span):
@@ -370,6 +379,7 @@ class StatusWriter:
             )
             writes.append((view, JobState.PENDING, status, desired))
         self.forecast_seconds = spent + time.perf_counter() - sliced
+        self.held_seconds = max(held, time.perf_counter() - sliced)
         if not stopped:  # the whole queue was forecast (a head pass of a short queue too)
             self._full_at, self._full_seconds = began, self.forecast_seconds
             self._depth = {name: dict(c) for name, c in depth.items()}  # a head pass counts only the heads

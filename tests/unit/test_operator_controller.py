@@ -16,6 +16,7 @@ import asyncio
 import copy
 import itertools
 import math
+import time
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -39,6 +40,7 @@ from gpulane.operator.status import (
     DISPATCH_WAIT_SECONDS,
     FIRST_WRITES,
     FORECAST_SHARE,
+    HOLD_SHARE,
     bucket,
     pause,
 )
@@ -1609,6 +1611,32 @@ def test_a_long_forecast_lets_the_loop_run_between_its_steps(monkeypatch: pytest
         return seen
 
     assert asyncio.run(scenario()) == [True], "the loop ran while the forecast was still going"
+
+
+def test_a_pass_that_held_the_loop_long_is_followed_by_a_longer_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35: the forecast's first step cannot be sliced: the dispatcher's fork copies the whole queue, 50 to
+    66 ms at 100,000 pending, and a dispatch that arrived meanwhile waited for it, every pass (once a second). The
+    pass measures its longest hold of the loop, and the next waits until holds take at most HOLD_SHARE of it."""
+    real = status_module.forecasting
+
+    def slow_fork(dispatcher: Any) -> Any:
+        time.sleep(0.05)  # the fork of a long queue: the loop is held, not given its turn
+        yield from real(dispatcher)
+
+    monkeypatch.setattr(status_module, "forecasting", slow_fork)
+
+    async def scenario() -> tuple[float, float]:
+        w = World()
+        await w.warm("run")
+        for i in range(3):
+            w.submit(f"q{i}", created=T0 + 1 + i)
+        await w.ctl.status.flush()
+        return w.ctl.status.held_seconds, w.ctl.status.forecast_seconds
+
+    held, forecast = asyncio.run(scenario())
+    assert 0.05 <= held <= forecast
+    assert pause(1.0, 0.06, forecast, held) >= 0.05 / HOLD_SHARE - 0.06 > 1.0, "a pass every 1.7 s or more"
+    assert pause(1.0, 0.06, 0.01, 0.012) == pytest.approx(0.94), "20,000 pending (a 12 ms fork): every interval"
 
 
 def test_a_jobs_new_position_never_holds_back_its_dispatch() -> None:
