@@ -378,8 +378,8 @@ class StatusWriter:
                 conditions=merge_condition(view.conditions, queued),
             )
             writes.append((view, JobState.PENDING, status, desired))
-        self.forecast_seconds = spent + time.perf_counter() - sliced
-        self.held_seconds = max(held, time.perf_counter() - sliced)
+        last = time.perf_counter() - sliced
+        self.forecast_seconds, self.held_seconds = spent + last, max(held, last)
         if not stopped:  # the whole queue was forecast (a head pass of a short queue too)
             self._full_at, self._full_seconds = began, self.forecast_seconds
             self._depth = {name: dict(c) for name, c in depth.items()}  # a head pass counts only the heads

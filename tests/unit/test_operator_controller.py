@@ -17,6 +17,7 @@ import copy
 import itertools
 import math
 import time
+import types
 from collections import Counter
 from typing import Any, NamedTuple
 
@@ -1617,12 +1618,14 @@ def test_a_pass_that_held_the_loop_long_is_followed_by_a_longer_pause(monkeypatc
     """Issue 35: the forecast's first step cannot be sliced: the dispatcher's fork copies the whole queue, 50 to
     66 ms at 100,000 pending, and a dispatch that arrived meanwhile waited for it, every pass (once a second). The
     pass measures its longest hold of the loop, and the next waits until holds take at most HOLD_SHARE of it."""
-    real = status_module.forecasting
+    real, skew = status_module.forecasting, [0.0]
 
     def slow_fork(dispatcher: Any) -> Any:
-        time.sleep(0.05)  # the fork of a long queue: the loop is held, not given its turn
+        skew[0] += 0.05  # the fork of a long queue takes 50 ms by the writer's clock, without a turn of the loop
         yield from real(dispatcher)
 
+    clock = types.SimpleNamespace(monotonic=time.monotonic, perf_counter=lambda: time.perf_counter() + skew[0])
+    monkeypatch.setattr(status_module, "time", clock)
     monkeypatch.setattr(status_module, "forecasting", slow_fork)
 
     async def scenario() -> tuple[float, float]:
