@@ -8,7 +8,8 @@ so the ratio survives a noisy machine.
     .venv/bin/python bench/dispatch.py [--pending 10000 100000] [--decisions 2000] [--repeat 5] [--teams 5]
 
 With ``--forks K`` it times instead the fork each forecast pass of the operator starts from (``Dispatcher.fork``,
-the copy made and dropped), K times at each size.
+the copy made and dropped), K times at each size; and the decision made while a fork lives, which copies what
+it changes of what the fork shares, beside one made with no fork (in turns).
 """
 
 from __future__ import annotations
@@ -80,17 +81,34 @@ def measure_rescoring(pending: int, members: int, decisions: int, seed: int, tea
     return samples
 
 
-def measure_forks(pending: int, members: int, forks: int, seed: int, teams: int = 0) -> list[float]:
-    """Milliseconds to fork the dispatcher and drop the fork again (its deallocation is the loop's too)."""
-    d, clock, _ = build(pending, members, seed, teams)
-    samples = []
+def measure_forks(pending: int, members: int, forks: int, seed: int, teams: int = 0) -> dict[str, list[float]]:
+    """Milliseconds to fork the dispatcher and drop the fork again (its deallocation is the loop's too); and of
+    a decision while the fork lives, and of one with none."""
+    d, clock, rng = build(pending, members, seed, teams)
+    running, k = next(iter(d.running)), pending + 1
+    samples: dict[str, list[float]] = {"fork": [], "decision_forked": [], "decision": []}
+
+    def decide(into: str) -> None:
+        nonlocal running, k
+        clock[0] += 60
+        t0 = time.perf_counter_ns()
+        [decision] = dispatches(d.handle(JobFinished(running)))
+        samples[into].append((time.perf_counter_ns() - t0) / 1e6)
+        running, k = decision.job.id, k + 1
+        for decision in dispatches(d.handle(JobSubmitted(make_job(rng, k, clock[0], members, teams)))):
+            running = decision.job.id
+
     gc.collect()
     gc.freeze()
     for _ in range(forks):
+        decide("decision")
         t0 = time.perf_counter_ns()
         fork = d.fork(lambda: clock[0])
+        samples["fork"].append((time.perf_counter_ns() - t0) / 1e6)
+        decide("decision_forked")
+        t0 = time.perf_counter_ns()
         del fork
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
+        samples["fork"][-1] += (time.perf_counter_ns() - t0) / 1e6
     gc.unfreeze()
     return samples
 
@@ -112,10 +130,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.forks:
         print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members, 4 models")
-        print(f"{'pending':>8} {'fork median ms':>15} {'max ms':>8}")
+        print(f"{'pending':>8} {'fork median ms':>15} {'max ms':>8} {'decision forked ms':>19} {'unforked ms':>12}")
         for n in args.pending:
-            forks = measure_forks(n, args.members, args.forks, args.seed, args.teams)
-            print(f"{n:>8} {statistics.median(forks):>15.2f} {max(forks):>8.2f}")
+            times = measure_forks(n, args.members, args.forks, args.seed, args.teams)
+            forks, forked, alone = times["fork"], times["decision_forked"], times["decision"]
+            print(f"{n:>8} {statistics.median(forks):>15.2f} {max(forks):>8.2f} {statistics.median(forked):>19.3f} "
+                  f"{statistics.median(alone):>12.3f}")  # fmt: skip
         return
     teams = f" in {args.teams} teams" if args.teams else ""
     print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members{teams}, 4 models")

@@ -208,6 +208,10 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         lag_n = after.get(f"{lag}_count", 0.0)
         lag_over = over_bounds(after, lag, ("10", "25", "50", "100"))
         own_over = over_bounds(after, "gpulane_dispatch_latency_seconds", ("25", "50", "100"))
+        # The status passes' forecasts while timed: how many, and how often one held the loop past each bound.
+        holds = over_bounds(after, "gpulane_forecast_hold_seconds", ("10", "25", "50", "100"))
+        passes = {scope: round(after.get(f'gpulane_forecast_seconds_count{{scope="{scope}"}}', 0.0))
+                  for scope in ("queue", "heads")}  # fmt: skip
         # Python's full collections in the operators, while timed and since they started: each holds the loop, and
         # a dispatch behind it waits.
         full = 'gpulane_gc_pause_seconds_{}{{generation="2"}}'
@@ -256,6 +260,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "other_writes_per_dispatch_p50": statistics.median(others),
             "loop_lag_samples": round(lag_n),
             "loop_lag_samples_over_ms": lag_over,
+            "forecasts": passes,
+            "forecast_holds_over_ms": holds,
             "operator_peak_rss_mib": peak_rss,
         }
 

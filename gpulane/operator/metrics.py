@@ -96,6 +96,21 @@ class Metrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
+        self.forecast = Histogram(
+            "gpulane_forecast_seconds",
+            "A status pass's forecast, the loop's turns between its slices left out: of the whole queue, or of the "
+            "lanes' heads",
+            ["scope"],
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
+        self.forecast_hold = Histogram(
+            "gpulane_forecast_hold_seconds",
+            "The longest a status pass's forecast held the event loop at once (its first step forks the dispatcher): "
+            "a dispatch arriving then waits",
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
         self.collections = Histogram(
             "gpulane_gc_pause_seconds",
             "Python's cyclic collections, by generation: each holds the event loop for as long",

@@ -34,8 +34,8 @@ def test_the_simulator_bench_times_both_rankings():
 
 def test_the_dispatch_bench_times_the_forecasts_fork():
     *_, row = bench("bench/dispatch.py", "--pending", "300", "--forks", "3")
-    pending, median, most = row.split()
-    assert pending == "300" and 0 < float(median) <= float(most)
+    pending, median, most, forked, alone = row.split()
+    assert pending == "300" and 0 < float(median) <= float(most) and float(forked) > 0 and float(alone) > 0
 
 
 def test_the_gc_report_sets_the_dispatches_beside_the_apiservers_cycles(tmp_path):
