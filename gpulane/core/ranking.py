@@ -9,11 +9,13 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from gpulane.core.jobs import Job
+from gpulane.core.lending import LentDict, writable
 from gpulane.core.policy import Policy
 from gpulane.core.ranked import RankedIndex, index_in
 from gpulane.core.score import ScoreBreakdown
@@ -117,10 +119,9 @@ class FairShareRanking:
         self._bands: dict[int, dict[str, RankedIndex[Job]]] = {}
         self._tops = TeamTops()  # usage: the bands' teams ranked, so that a decision need not scan them
         self._own_key: dict[QueueKey, float] = {}
-        self._jobs: dict[str, tuple[Job, int, MemberLevel, int]] = {}  # job, seq, level, priority + tier
-        # Heaps with lazy deletion: an entry (..., seq, job id) is live while its seq is, and seqs are
-        # never reused, so a job re-submitted under a cancelled job's id never revives old entries.
-        self._live_seqs: set[int] = set()
+        self._jobs: LentDict[str, tuple[Job, int, MemberLevel, int]] = LentDict()  # job, seq, level, priority + tier
+        # Heaps with lazy deletion: an entry (..., seq, job id) is live while _jobs holds its job with its seq,
+        # and seqs are never reused, so a job re-submitted under a cancelled job's id never revives old entries.
         self._queues: dict[QueueKey, list[QueueEntry]] = {}
         self._oldest: dict[MemberLevel, list[tuple[float, int, str]]] = {}
         # The heaps a copy shares with this ranking: each side copies one the first time it changes it (``copy``).
@@ -144,7 +145,8 @@ class FairShareRanking:
         return job_id in self._jobs
 
     def pending(self) -> Iterator[Job]:
-        return (entry[0] for entry in self._jobs.values())
+        # In arrival order (by seq): the index's parts keep no order of their own. A policy change re-adds them all.
+        return (entry[0] for entry in sorted(self._jobs.values(), key=operator.itemgetter(1)))
 
     def waiting(self) -> dict[int, tuple[int, float]]:
         """Per band index, how many jobs wait and the earliest submission among them. Read from the (member, band)
@@ -165,16 +167,15 @@ class FairShareRanking:
         member.waiting += 1
         base = job.priority + self.policy.bonus_for_tier(job.tier)
         self._jobs[job.id] = (job, seq, level, base)
-        self._live_seqs.add(seq)
         qkey = (*level, job.model)
-        queue = _writable(self._queues, self._lent_queues, qkey)
+        queue = writable(self._queues, self._lent_queues, qkey)
         # By submission inside a priority, not by seq: seq is the order the operator saw the jobs in, which a
         # restart or a takeover replays differently; the submission time is written and stays.
         heapq.heappush(queue, ((-job.priority, job.submitted_at), seq, job.id))
         self._live_in_queue[qkey] = self._live_in_queue.get(qkey, 0) + 1
         if job.model not in (models := self._models.get(level, frozenset())):
             self._models[level] = models | {job.model}
-        oldest = _writable(self._oldest, self._lent_levels, level)
+        oldest = writable(self._oldest, self._lent_levels, level)
         heapq.heappush(oldest, (job.submitted_at, seq, job.id))
         self._live_in_level[level] = self._live_in_level.get(level, 0) + 1
         if oldest[0][1] == seq:
@@ -325,12 +326,11 @@ class FairShareRanking:
         clone._lent_teams = set(self._lent_teams)
         clone._tops = self._tops.copy()
         clone._own_key = dict(self._own_key)
-        clone._jobs = dict(self._jobs)
-        clone._live_seqs = set(self._live_seqs)
-        # The heaps hold every waiting job and the bands' indexes every queue's head (50 ms to copy at 100,000 in
-        # 6,000 queues of 500 members, and the loop waits for it): lent to both sides instead, so that a forecast
-        # copies only the queues and teams it plays, when it plays them. Reading a lent index may drop entries
-        # stale for both; only a change (``put``, ``discard``) needs a copy of one's own.
+        clone._jobs = self._jobs.copy()  # lent in parts (lending.py)
+        # The heaps and the jobs' index hold every waiting job, the bands' indexes every queue's head (50 ms to copy
+        # at 100,000 in 6,000 queues of 500 members, and the loop waits for it): lent to both sides instead, so
+        # that a forecast copies only the queues and teams it plays, when it plays them. Reading a lent index may
+        # drop entries stale for both; only a change (``put``, ``discard``) needs a copy of one's own.
         clone._queues, clone._oldest = dict(self._queues), dict(self._oldest)
         self._lent_queues, self._lent_levels = set(self._queues), set(self._oldest)
         clone._lent_queues, clone._lent_levels = set(self._lent_queues), set(self._lent_levels)
@@ -346,8 +346,7 @@ class FairShareRanking:
         return clone
 
     def _forget(self, job_id: str) -> tuple[Job, MemberLevel]:
-        job, seq, level, _ = self._jobs.pop(job_id)
-        self._live_seqs.discard(seq)
+        job, _, level, _ = self._jobs.pop(job_id)
         self._no_fair_share.discard(job_id)
         self._live_in_queue[(*level, job.model)] -= 1
         self._live_in_level[level] -= 1
@@ -493,7 +492,8 @@ class FairShareRanking:
             self._refresh_level(level)  # the dispatch restarts the clock of the member's whole band
 
     def _is_stale(self, entry: QueueEntry | tuple[float, int, str]) -> bool:
-        return entry[1] not in self._live_seqs
+        held = self._jobs.get(entry[2])
+        return held is None or held[1] != entry[1]
 
     def _compact(self, heaps: dict[_K, list[_E]], lent: set[_K], key: _K, live: int) -> None:
         heap = heaps[key]
@@ -546,10 +546,10 @@ class FairShareRanking:
         return index
 
     def _refresh_level(self, level: MemberLevel) -> None:
-        oldest, live = self._oldest[level], self._live_seqs
-        if oldest and oldest[0][1] not in live:
-            oldest = _writable(self._oldest, self._lent_levels, level)
-            while oldest and oldest[0][1] not in live:
+        oldest = self._oldest[level]
+        if oldest and self._is_stale(oldest[0]):
+            oldest = writable(self._oldest, self._lent_levels, level)
+            while oldest and self._is_stale(oldest[0]):
                 heapq.heappop(oldest)
         if not oldest:
             # An empty level's clock is moot: a later job's own submission is after it.
@@ -562,10 +562,10 @@ class FairShareRanking:
     # Keys with aging are kept in seconds, (priority + tier) * divisor - aging_start, which is the
     # score times the divisor minus a shared now: exact for whole-second clocks, so ties stay ties.
     def _refresh_head(self, qkey: QueueKey) -> None:
-        queue, live = self._queues[qkey], self._live_seqs
-        if queue and queue[0][1] not in live:
-            queue = _writable(self._queues, self._lent_queues, qkey)
-            while queue and queue[0][1] not in live:
+        queue = self._queues[qkey]
+        if queue and self._is_stale(queue[0]):
+            queue = writable(self._queues, self._lent_queues, qkey)
+            while queue and self._is_stale(queue[0]):
                 heapq.heappop(queue)
         if not queue:
             del self._queues[qkey], self._live_in_queue[qkey]
@@ -611,17 +611,6 @@ class _Member:
     team: str | None  # None: a team of one
     weights: tuple[float, float]  # its team's weight, its own
     waiting: int = 0
-
-
-def _writable(heaps: dict[_K, list[_E]], lent: set[_K], key: _K) -> list[_E]:
-    """``heaps[key]`` to change, made if missing, and first copied if a copy of the ranking shares it."""
-    heap = heaps.get(key)
-    if heap is None:
-        heap = heaps[key] = []
-    elif key in lent:
-        lent.discard(key)
-        heap = heaps[key] = list(heap)
-    return heap
 
 
 def _tree_key(member: str, team: str | None) -> str:

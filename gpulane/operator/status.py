@@ -82,10 +82,10 @@ DISPATCH_POLL_SECONDS = 0.005
 # The forecast gives the event loop its turn this often, and takes at most this share of the loop's time.
 FORECAST_SLICE_SECONDS = 0.003
 FORECAST_SHARE = 0.25
-# Its first step cannot be sliced: the dispatcher's fork copies the jobs' index (15 to 19 ms at 100,000 pending
-# with the copy dropped, its member queues lent: bench/dispatch.py --forks), and a dispatch that arrives meanwhile
-# waits for it. The longest hold of a pass spaces the passes so that holds take at most this share of the loop's
-# time: a hold of 60 ms, a pass every 2 s (the fork's 20 ms leaves the passes at their interval).
+# Its first step cannot be sliced: the dispatcher's fork (0.3 to 8 ms at 100,000 pending, what it shares lent
+# rather than copied: bench/dispatch.py --forks), and a dispatch that arrives meanwhile waits for it. The longest
+# hold of a pass spaces the passes so that holds take at most this share of the loop's time: a hold of 60 ms, a
+# pass every 2 s.
 HOLD_SHARE = 0.03
 # The whole queue's forecast, when nothing reordered it, takes at most this share of the loop's time.
 FULL_FORECAST_SHARE = 0.05

@@ -1,7 +1,8 @@
 """A forecast plays a copy of the ranking while the operator goes on changing the ranking itself. The copy lends
-its heaps and its bands' team indexes to both sides (issue 35: copying them held the loop 50 ms at 100,000
-waiting), and each side copies one only when it changes it. Neither side may then see the other's changes: each
-must pick, after every change, what a ranking that played its history alone from the start picks."""
+its heaps, its bands' team indexes and its jobs' index to both sides (issue 35: copying them held the loop 50 ms
+at 100,000 waiting), and each side copies one (a part of the index) only when it changes it. Neither side may
+then see the other's changes: each must pick, after every change, what a ranking that played its history alone
+from the start picks."""
 
 from __future__ import annotations
 
