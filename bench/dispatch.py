@@ -50,20 +50,22 @@ def build(pending: int, members: int, seed: int, teams: int = 0) -> tuple[Dispat
     return d, clock, rng
 
 
+def decide(d: Dispatcher, clock: list[float], rng: random.Random, k: int, members: int, teams: int) -> float:
+    """One timed decision (ns): the running job finishes and the next starts; then job ``k`` arrives, so that the
+    queue keeps its length."""
+    clock[0] += 60
+    t0 = time.perf_counter_ns()
+    [_] = dispatches(d.handle(JobFinished(next(iter(d.running)))))  # one dispatch, the one timed
+    spent = time.perf_counter_ns() - t0
+    d.handle(JobSubmitted(make_job(rng, k, clock[0], members, teams)))  # it may take the lane from a load
+    return spent
+
+
 def measure(pending: int, members: int, decisions: int, seed: int, teams: int = 0) -> list[float]:
     d, clock, rng = build(pending, members, seed, teams)
-    running = next(iter(d.running))
-    samples = []
     gc.collect()
     gc.freeze()  # setup garbage is not what we measure
-    for k in range(decisions):
-        clock[0] += 60
-        t0 = time.perf_counter_ns()
-        [decision] = dispatches(d.handle(JobFinished(running)))
-        samples.append((time.perf_counter_ns() - t0) / 1000)
-        running = decision.job.id
-        for decision in dispatches(d.handle(JobSubmitted(make_job(rng, pending + 1 + k, clock[0], members, teams)))):
-            running = decision.job.id  # the newcomer took the lane from a load that yielded
+    samples = [decide(d, clock, rng, pending + 1 + k, members, teams) / 1000 for k in range(decisions)]
     gc.unfreeze()
     return samples
 
@@ -85,27 +87,15 @@ def measure_forks(pending: int, members: int, forks: int, seed: int, teams: int 
     """Milliseconds to fork the dispatcher and drop the fork again (its deallocation is the loop's too); and of
     a decision while the fork lives, and of one with none."""
     d, clock, rng = build(pending, members, seed, teams)
-    running, k = next(iter(d.running)), pending + 1
     samples: dict[str, list[float]] = {"fork": [], "decision_forked": [], "decision": []}
-
-    def decide(into: str) -> None:
-        nonlocal running, k
-        clock[0] += 60
-        t0 = time.perf_counter_ns()
-        [decision] = dispatches(d.handle(JobFinished(running)))
-        samples[into].append((time.perf_counter_ns() - t0) / 1e6)
-        running, k = decision.job.id, k + 1
-        for decision in dispatches(d.handle(JobSubmitted(make_job(rng, k, clock[0], members, teams)))):
-            running = decision.job.id
-
     gc.collect()
     gc.freeze()
-    for _ in range(forks):
-        decide("decision")
+    for i in range(forks):
+        samples["decision"].append(decide(d, clock, rng, pending + 1 + 2 * i, members, teams) / 1e6)
         t0 = time.perf_counter_ns()
         fork = d.fork(lambda: clock[0])
         samples["fork"].append((time.perf_counter_ns() - t0) / 1e6)
-        decide("decision_forked")
+        samples["decision_forked"].append(decide(d, clock, rng, pending + 2 + 2 * i, members, teams) / 1e6)
         t0 = time.perf_counter_ns()
         del fork
         samples["fork"][-1] += (time.perf_counter_ns() - t0) / 1e6
