@@ -9,7 +9,8 @@ so the ratio survives a noisy machine.
 
 With ``--forks K`` it times instead the fork each forecast pass of the operator starts from (``Dispatcher.fork``,
 the copy made and dropped), K times at each size; and the decision made while a fork lives, which copies what
-it changes of what the fork shares, beside one made with no fork (in turns).
+it changes of what the fork shares, beside one made with no fork (in turns). ``--queue-timeout S`` gives every
+band a queue timeout, so that every waiting job has a deadline for the fork to carry.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ def make_job(rng: random.Random, i: int, now: float, members: int, teams: int = 
     return dataclasses.replace(job, team=f"team-{member % teams}") if teams else job
 
 
-def build(pending: int, members: int, seed: int, teams: int = 0) -> tuple[Dispatcher, list[float], random.Random]:
+def build(
+    pending: int, members: int, seed: int, teams: int = 0, policy: Policy | None = None
+) -> tuple[Dispatcher, list[float], random.Random]:
     rng = random.Random(seed)
     clock = [0.0]
-    d = Dispatcher(Policy(), lambda: clock[0], ModelCatalog([ModelSpec(m) for m in MODELS]))
+    d = Dispatcher(policy or Policy(), lambda: clock[0], ModelCatalog([ModelSpec(m) for m in MODELS]))
     d.handle(LaneUpdated("gpu-0", resident="sdxl"))
     for i in range(pending + 1):  # the first one starts running at once
         clock[0] = i * 0.5
@@ -83,10 +86,18 @@ def measure_rescoring(pending: int, members: int, decisions: int, seed: int, tea
     return samples
 
 
-def measure_forks(pending: int, members: int, forks: int, seed: int, teams: int = 0) -> dict[str, list[float]]:
+def queue_timeouts(seconds: float) -> Policy:
+    """Every band waits at most ``seconds``: each waiting job has a deadline, which the fork carries too."""
+    bands = {Policy().band(p) * Policy().band_spacing for p in PRIORITIES}
+    return Policy(queueTimeoutSeconds={band: seconds for band in bands})
+
+
+def measure_forks(
+    pending: int, members: int, forks: int, seed: int, teams: int = 0, policy: Policy | None = None
+) -> dict[str, list[float]]:
     """Milliseconds to fork the dispatcher and drop the fork again (its deallocation is the loop's too); and of
     a decision while the fork lives, and of one with none."""
-    d, clock, rng = build(pending, members, seed, teams)
+    d, clock, rng = build(pending, members, seed, teams, policy)
     samples: dict[str, list[float]] = {"fork": [], "decision_forked": [], "decision": []}
     gc.collect()
     gc.freeze()
@@ -117,12 +128,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5, help="independent runs; the median of their medians")
     parser.add_argument("--forks", type=int, default=0, help="time this many forks at each size instead")
+    parser.add_argument("--queue-timeout", type=float, help="with --forks: every band has this queue timeout (s)")
     args = parser.parse_args()
     if args.forks:
-        print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members, 4 models")
+        policy = None if args.queue_timeout is None else queue_timeouts(args.queue_timeout)
+        timeouts = "" if policy is None else f", every job with a queue deadline ({args.queue_timeout:g} s)"
+        print(f"python {platform.python_version()} on {platform.machine()}, {args.members} members, 4 models{timeouts}")
         print(f"{'pending':>8} {'fork median ms':>15} {'max ms':>8} {'decision forked ms':>19} {'unforked ms':>12}")
         for n in args.pending:
-            times = measure_forks(n, args.members, args.forks, args.seed, args.teams)
+            times = measure_forks(n, args.members, args.forks, args.seed, args.teams, policy)
             forks, forked, alone = times["fork"], times["decision_forked"], times["decision"]
             print(f"{n:>8} {statistics.median(forks):>15.2f} {max(forks):>8.2f} {statistics.median(forked):>19.3f} "
                   f"{statistics.median(alone):>12.3f}")  # fmt: skip

@@ -42,6 +42,7 @@ from gpulane.core.events import (
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.lanes import Charge, Lane, LaneState, Running
+from gpulane.core.lending import LentDict
 from gpulane.core.policy import Policy, PolicyError
 from gpulane.core.ranking import NO_AFFINITY, MemberLevel, Ranking
 from gpulane.core.score import ScoreBreakdown
@@ -74,9 +75,11 @@ class Dispatcher:
         self._explain = explain
         self._seq = 0
         # Queue deadlines of jobs not started yet: job id -> (deadline, seq), and a heap of them
-        # with lazy deletion (an entry is live while the dict holds the same pair).
-        self._deadlines: dict[str, tuple[float, int]] = {}
+        # with lazy deletion (an entry is live while the dict holds the same pair). A fork lends both
+        # (with queue timeouts they grow with the queue), and each side copies what it changes first.
+        self._deadlines: LentDict[str, tuple[float, int]] = LentDict()
         self._deadline_heap: list[tuple[float, int, str]] = []
+        self._deadline_heap_lent = False
         self._yielded: set[str] = set()  # jobs whose load yielded once: their next load sticks
         self._reloaded: set[str] = set()  # jobs whose load was lost once: a second loss fails them
         self._effects: list[Effect] = []  # what happened since the last decision, returned by it
@@ -173,6 +176,7 @@ class Dispatcher:
         ``decide`` then, to expire the job or unload the model."""
         heap = self._deadline_heap
         while heap and self._deadlines.get(heap[0][2]) != heap[0][:2]:
+            heap = self._writable_deadline_heap()
             heapq.heappop(heap)
         idle = [d for lane in self.lanes.values() if (d := self._idle_deadline(lane)) is not None]
         return min([*idle, *([heap[0][0]] if heap else [])], default=None)
@@ -258,10 +262,15 @@ class Dispatcher:
         if timeout is not None:
             entry = (job.submitted_at + timeout, self._seq)
             self._deadlines[job.id] = entry
-            heapq.heappush(self._deadline_heap, (*entry, job.id))
+            heapq.heappush(self._writable_deadline_heap(), (*entry, job.id))
+
+    def _writable_deadline_heap(self) -> list[tuple[float, int, str]]:
+        if self._deadline_heap_lent:
+            self._deadline_heap, self._deadline_heap_lent = list(self._deadline_heap), False
+        return self._deadline_heap
 
     def _forget(self, job_id: str) -> None:
-        self._deadlines.pop(job_id, None)
+        self._deadlines.discard(job_id)
         self._yielded.discard(job_id)
         self._reloaded.discard(job_id)
 
@@ -369,7 +378,7 @@ class Dispatcher:
             deadline = self._deadlines.get(job_id)
             if run.started_at is None and (deadline is None or deadline[0] > now):  # else it expires instead
                 lane.running[job_id] = replace(run, started_at=now)
-                self._deadlines.pop(job_id, None)
+                self._deadlines.discard(job_id)
 
     # -- decisions ----------------------------------------------------------------------
 
@@ -393,6 +402,7 @@ class Dispatcher:
         """Jobs at their deadline leave the queue, or the lane whose load they were waiting for."""
         heap = self._deadline_heap
         while heap and heap[0][0] <= now:
+            heap = self._writable_deadline_heap()
             deadline, seq, job_id = heapq.heappop(heap)
             if self._deadlines.get(job_id) != (deadline, seq):
                 continue
@@ -506,7 +516,7 @@ class Dispatcher:
         charge = Charge(decision, seq, expected, served_before, self._seq)
         started = now if lane.ready else None
         if started is not None:
-            self._deadlines.pop(job.id, None)
+            self._deadlines.discard(job.id)
         lane.running[job.id] = Running(job, lane.id, started, charge)
         if self._explain:
             self.history.append(decision)
@@ -519,8 +529,9 @@ class Dispatcher:
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(explain=False), explain=False)
         clone.lanes = {k: v.copy() for k, v in self.lanes.items()}
         clone._seq = self._seq
-        clone._deadlines = dict(self._deadlines)
-        clone._deadline_heap = list(self._deadline_heap)
+        clone._deadlines = self._deadlines.copy()
+        clone._deadline_heap = self._deadline_heap
+        self._deadline_heap_lent = clone._deadline_heap_lent = True
         clone._yielded = set(self._yielded)
         clone._reloaded = set(self._reloaded)
         return clone

@@ -58,6 +58,11 @@ class LentDict(Generic[K, V]):
         self._len -= 1
         return value
 
+    def discard(self, key: K) -> None:
+        """Remove ``key`` if present; a part that does not hold it is not copied."""
+        if key in self:
+            self.pop(key)
+
     def values(self) -> Iterator[V]:
         return itertools.chain.from_iterable(part.values() for part in self._parts)
 

@@ -102,6 +102,30 @@ def test_started_cancelled_and_finished_jobs_have_no_deadline():
     assert d.decide() == [] and "runs" in d.running
 
 
+def test_a_fork_and_its_original_expire_jobs_each_on_its_own():
+    """The fork lends its deadlines and their heap (issue 35: at 100,000 waiting they held the forecast's first
+    step); an expiry or a cancel on one side must not reach the other."""
+    d, clock = dispatcher(models=MODELS, policy=Policy(queueTimeoutSeconds={0: 100}))
+    busy(d, clock)
+    for i, name in enumerate(["a", "b", "c"]):
+        clock.now = 10.0 * i
+        submit(d, clock, name, model="sdxl", member=name)
+    virtual = [clock.now]
+    fork = d.fork(lambda: virtual[0])
+    virtual[0] = 105
+    assert [(e.job.id, e.deadline) for e in fork.decide()] == [("a", 100)]  # pops a's entry on the fork's side
+    assert fork.next_deadline() == 110
+    d.handle(JobCancelled("b"))
+    clock.now = 30
+    submit(d, clock, "new", model="sdxl", member="new")
+    assert d.next_deadline() == 100  # a's entry is still in the original's heap
+    assert fork.next_deadline() == 110  # b's deadline stands in the fork, and "new" is not there
+    virtual[0] = 200
+    assert [e.job.id for e in fork.decide()] == ["b", "c"]
+    clock.now = 200
+    assert [e.job.id for e in d.decide()] == ["a", "c", "new"]
+
+
 @pytest.mark.parametrize("timeout", [0, -5, float("inf"), float("nan")])
 def test_bad_job_timeouts_are_refused(timeout):
     d, clock = dispatcher()
