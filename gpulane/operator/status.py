@@ -82,7 +82,7 @@ DISPATCH_POLL_SECONDS = 0.005
 # The forecast gives the event loop its turn this often, and takes at most this share of the loop's time.
 FORECAST_SLICE_SECONDS = 0.003
 FORECAST_SHARE = 0.25
-# Its first step cannot be sliced: the dispatcher's fork (0.3 to 8 ms at 100,000 pending, what it shares lent
+# Its first step cannot be sliced: the dispatcher's fork (0.2 to 8 ms at 100,000 pending, what it shares lent
 # rather than copied: bench/dispatch.py --forks), and a dispatch that arrives meanwhile waits for it. The longest
 # hold of a pass spaces the passes so that holds take at most this share of the loop's time: a hold of 60 ms, a
 # pass every 2 s.
