@@ -10,7 +10,6 @@ only holder of what runs where: the shells apply the effects and ask it (``on_la
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -42,8 +41,8 @@ from gpulane.core.events import (
 )
 from gpulane.core.jobs import Job, ModelCatalog, ModelSpec
 from gpulane.core.lanes import Charge, Lane, LaneState, Running
-from gpulane.core.lending import LentDict
 from gpulane.core.policy import Policy, PolicyError
+from gpulane.core.queue_deadlines import QueueDeadlines
 from gpulane.core.ranking import NO_AFFINITY, MemberLevel, Ranking
 from gpulane.core.score import ScoreBreakdown
 
@@ -74,12 +73,7 @@ class Dispatcher:
         self.history: deque[Dispatch] = deque(maxlen=self.HISTORY)
         self._explain = explain
         self._seq = 0
-        # Queue deadlines of jobs not started yet: job id -> (deadline, seq), and a heap of them
-        # with lazy deletion (an entry is live while the dict holds the same pair). A fork lends both
-        # (with queue timeouts they grow with the queue), and each side copies what it changes first.
-        self._deadlines: LentDict[str, tuple[float, int]] = LentDict()
-        self._deadline_heap: list[tuple[float, int, str]] = []
-        self._deadline_heap_lent = False
+        self._deadlines = QueueDeadlines()  # of jobs not started yet
         self._yielded: set[str] = set()  # jobs whose load yielded once: their next load sticks
         self._reloaded: set[str] = set()  # jobs whose load was lost once: a second loss fails them
         self._effects: list[Effect] = []  # what happened since the last decision, returned by it
@@ -174,12 +168,10 @@ class Dispatcher:
     def next_deadline(self) -> float | None:
         """The earliest queue deadline of a job not started yet, or of a lane idle up to its model's ttl: call
         ``decide`` then, to expire the job or unload the model."""
-        heap = self._deadline_heap
-        while heap and self._deadlines.get(heap[0][2]) != heap[0][:2]:
-            heap = self._writable_deadline_heap()
-            heapq.heappop(heap)
-        idle = [d for lane in self.lanes.values() if (d := self._idle_deadline(lane)) is not None]
-        return min([*idle, *([heap[0][0]] if heap else [])], default=None)
+        due = [d for lane in self.lanes.values() if (d := self._idle_deadline(lane)) is not None]
+        if (queued := self._deadlines.earliest()) is not None:
+            due.append(queued)
+        return min(due, default=None)
 
     @property
     def pending_count(self) -> int:
@@ -260,14 +252,7 @@ class Dispatcher:
     def _set_deadline(self, job: Job) -> None:
         timeout = self.policy.queue_timeout(job.priority, job.queue_timeout_seconds, job.team, job.member)
         if timeout is not None:
-            entry = (job.submitted_at + timeout, self._seq)
-            self._deadlines[job.id] = entry
-            heapq.heappush(self._writable_deadline_heap(), (*entry, job.id))
-
-    def _writable_deadline_heap(self) -> list[tuple[float, int, str]]:
-        if self._deadline_heap_lent:
-            self._deadline_heap, self._deadline_heap_lent = list(self._deadline_heap), False
-        return self._deadline_heap
+            self._deadlines.set(job.id, job.submitted_at + timeout, self._seq)
 
     def _forget(self, job_id: str) -> None:
         self._deadlines.discard(job_id)
@@ -376,7 +361,7 @@ class Dispatcher:
         lane.loading_since = None
         for job_id, run in lane.running.items():
             deadline = self._deadlines.get(job_id)
-            if run.started_at is None and (deadline is None or deadline[0] > now):  # else it expires instead
+            if run.started_at is None and (deadline is None or deadline > now):  # else it expires instead
                 lane.running[job_id] = replace(run, started_at=now)
                 self._deadlines.discard(job_id)
 
@@ -400,12 +385,7 @@ class Dispatcher:
 
     def _expire(self, now: float) -> None:
         """Jobs at their deadline leave the queue, or the lane whose load they were waiting for."""
-        heap = self._deadline_heap
-        while heap and heap[0][0] <= now:
-            heap = self._writable_deadline_heap()
-            deadline, seq, job_id = heapq.heappop(heap)
-            if self._deadlines.get(job_id) != (deadline, seq):
-                continue
+        for job_id, deadline in self._deadlines.due(now):
             self._forget(job_id)
             job, lane = self.ranking.remove(job_id), None
             if job is None:  # dispatched to a lane still loading: it never starts
@@ -529,9 +509,7 @@ class Dispatcher:
         clone = Dispatcher(self.policy, clock, self.models.copy(), self.ranking.copy(explain=False), explain=False)
         clone.lanes = {k: v.copy() for k, v in self.lanes.items()}
         clone._seq = self._seq
-        clone._deadlines = self._deadlines.copy()
-        clone._deadline_heap = self._deadline_heap
-        self._deadline_heap_lent = clone._deadline_heap_lent = True
+        clone._deadlines = self._deadlines.copy()  # lent: with queue timeouts it holds every waiting job
         clone._yielded = set(self._yielded)
         clone._reloaded = set(self._reloaded)
         return clone
