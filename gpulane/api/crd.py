@@ -20,7 +20,7 @@ from pydantic_core import core_schema
 
 from gpulane.api import generated
 from gpulane.api.kinds import KINDS, Kind, PrinterColumn
-from gpulane.api.resources import GROUP, VERSION
+from gpulane.api.resources import GROUP, OPAQUE, VERSION
 
 Schema = dict[str, Any]
 
@@ -125,6 +125,9 @@ def _resolve(node: Schema, defs: Schema, where: str, refs: tuple[str, ...]) -> t
 
 def _convert(node: Schema, defs: Schema, where: str, refs: tuple[str, ...], correlatable: bool) -> Schema:
     node, refs = _resolve(node, defs, where, refs)
+    if node.get(OPAQUE):  # its fields are documented by its model, not checked by the apiserver
+        described = {"description": node["description"]} if "description" in node else {}
+        return {**described, "type": "object", PRESERVE: True}
     out: Schema = {}
     for key, value in node.items():
         if key == "title" or (key == "default" and value is None):

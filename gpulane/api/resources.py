@@ -41,6 +41,10 @@ PRIORITY_MESSAGE = (
 # Bounded, so that status objects stay small however long the queue and however many dispatches.
 STORY_LIMIT = 20
 HISTORY_LIMIT = 50
+# Marks a model that the CRDs store as it comes, its fields unwalked: the apiserver coerces, prunes, defaults and
+# validates every field of an object on each write of it, and a job's story of 20 dispatch records made each later
+# write of the job three times as costly (docs/benchmarks.md, "what a story costs each write").
+OPAQUE = "x-gpulane-opaque"
 
 Phase = Literal["Pending", "Dispatching", "Running", "Succeeded", "Failed", "Cancelled"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"Succeeded", "Failed", "Cancelled"})
@@ -170,6 +174,10 @@ class ScoreTerms(CamelModel):
 class DispatchRecord(CamelModel):
     """One dispatch, as lanes remember it and as jobs that waited meanwhile tell it (``gpulane why``)."""
 
+    # Up to HISTORY_LIMIT in a lane's history, carried by every write of the lane: stored unwalked (only the
+    # operator writes them, as the admission policies enforce).
+    model_config = CamelModel.model_config | {"json_schema_extra": {OPAQUE: True}}
+
     job: str
     at: str = Field(json_schema_extra=TIME_FORMAT)
     lane: str
@@ -185,8 +193,27 @@ class DispatchRecord(CamelModel):
     switch: bool | None = None
 
 
+def readable_records(items: Any) -> tuple[list[dict[str, Any]], int]:
+    """Those of ``items`` (a story's ranAhead, a lane's history) in the shape of a DispatchRecord, and how many are
+    not: the CRDs store records unchecked (``OPAQUE``), so whoever reads them checks them."""
+    if not isinstance(items, list):
+        return [], 0 if items is None else 1
+    good = []
+    for item in items:
+        try:
+            DispatchRecord.model_validate(item)
+        except ValidationError:
+            continue
+        good.append(item)
+    return good, len(items) - len(good)
+
+
 class Story(CamelModel):
     """What a job's own story needs once it has run: the dispatches that went ahead while it waited."""
+
+    # Carried by every later write of the job: stored unwalked, list and all (a list's items are walked one by one
+    # even when each is opaque), and written by the operator alone.
+    model_config = CamelModel.model_config | {"json_schema_extra": {OPAQUE: True}}
 
     queued_at: str = Field(json_schema_extra=TIME_FORMAT)
     ran_ahead: list[DispatchRecord]  # the latest ones, at most STORY_LIMIT

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from gpulane.api.contract import Body
+from gpulane.api.resources import readable_records
 from gpulane.api.times import format_duration, parse_time
 from gpulane.core.explain import REASONS, deciding_term, format_score
 from gpulane.core.policy import Policy
@@ -263,15 +264,16 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
         f"was queued at {clock(queued)}."
     ]
     story = status.get("story")
+    unread = 0
     if story is not None:
-        records, total = story.get("ranAhead") or [], story.get("ranAheadTotal", 0)
+        (records, unread), total = readable_records(story.get("ranAhead")), story.get("ranAheadTotal", 0)
     else:  # still waiting (or dispatched before stories existed): the lanes remember recent dispatches
         until = parse_time(status.get("dispatchedAt")) or now
         records = sorted(
             (
                 r
                 for lane in lane_objs
-                for r in (lane.get("status") or {}).get("history") or []
+                for r in readable_records((lane.get("status") or {}).get("history"))[0]
                 if queued < (parse_time(r.get("at")) or 0) < until and r.get("job") != key
             ),
             key=lambda r: r["at"],
@@ -279,9 +281,8 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
         total = len(records)
     before = []  # what each lane had last dispatched when the job was queued
     for lane in lane_objs:
-        earlier = [
-            r for r in (lane.get("status") or {}).get("history") or [] if (parse_time(r.get("at")) or now) <= queued
-        ]
+        history = readable_records((lane.get("status") or {}).get("history"))[0]
+        earlier = [r for r in history if (parse_time(r.get("at")) or now) <= queued]
         before += earlier[-1:]
     if before:
         lines.append("Running then: " + "; ".join(f"{r['job']} on {r['lane']}" for r in before) + ".")
@@ -302,6 +303,8 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
                 f"  {clock(at)} {r['job']} on {r['lane']}, score {format_score(winner)}: ahead because of "
                 f"{REASONS[term]}; this job's score then was about {loser.total:.1f}."
             )
+    if unread:  # the CRD stores records unchecked: one not in the operator's shape is left out, and said so
+        lines.append(f"{unread} record(s) of its story are not in the shape the operator writes: left out.")
     dispatched, started = parse_time(status.get("dispatchedAt")), parse_time(status.get("startedAt"))
     if dispatched is None:
         position, estimate = status.get("position"), parse_time(status.get("estimatedStart"))

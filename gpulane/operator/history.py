@@ -4,17 +4,19 @@ and the times of all recent ones, so that a job's story can say what ran ahead o
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from gpulane.api.contract import Body
-from gpulane.api.resources import HISTORY_LIMIT, STORY_LIMIT
+from gpulane.api.resources import HISTORY_LIMIT, STORY_LIMIT, readable_records
 from gpulane.api.times import format_time, parse_time
 from gpulane.core.events import Dispatch
 from gpulane.operator.translate import dispatch_record
 
 Record = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 class DispatchHistory:
@@ -23,9 +25,13 @@ class DispatchHistory:
         self._times: deque[float] = deque(maxlen=100_000)  # to count what ran ahead of a job
 
     def restore(self, lane: str, records: list[Record]) -> None:
-        """What a lane remembered before a restart (its status.history)."""
+        """What a lane remembered before a restart (its status.history); a record not in the shape the operator
+        writes is left out (the CRD stores them unchecked), and said so."""
         entries = self._lane(lane)
-        for record in records:
+        readable, unread = readable_records(records)
+        if unread:
+            log.warning("lane %s: %d record(s) of its status.history are not dispatch records; left out", lane, unread)
+        for record in readable:
             at = parse_time(record.get("at"))
             if at is not None:
                 entries.append((at, record))

@@ -172,9 +172,10 @@ def score_fields(score: ScoreBreakdown) -> dict[str, float]:
 
 
 def dispatch_record(decision: Dispatch) -> dict[str, Any]:
-    """A dispatch as lanes remember it (status.history) and stories tell it (status.story)."""
+    """A dispatch as lanes remember it (status.history) and stories tell it (status.story). Unset fields are left
+    out: the CRD stores records as they come (``OPAQUE``), so nothing would prune a null."""
     job = decision.job
-    return {
+    record = {
         "job": job.id,
         "at": format_time(decision.at),
         "lane": decision.lane,
@@ -186,3 +187,4 @@ def dispatch_record(decision: Dispatch) -> dict[str, Any]:
         "score": score_fields(decision.score),
         "changedBy": dict(decision.changed_by) or None,
     }
+    return {k: v for k, v in record.items() if v is not None}

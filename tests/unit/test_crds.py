@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from gpulane.api import crd
 from gpulane.api.kinds import KINDS, Kind
-from gpulane.api.resources import PRIORITY_MESSAGE, PRIORITY_RULE
+from gpulane.api.resources import OPAQUE, PRIORITY_MESSAGE, PRIORITY_RULE
 
 CRDS_DIR = Path(__file__).resolve().parents[2] / "crds"
 RENDERED = crd.render_all()
@@ -191,6 +191,37 @@ def test_gpujob_status() -> None:
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
     assert conditions["items"]["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
+
+
+def test_dispatch_records_are_stored_unwalked() -> None:
+    """A job's story (up to 20 dispatch records) and a lane's history (up to 50) ride along with every write of
+    their object; walked field by field they made each write of a job that ran three times as costly to the
+    apiserver (docs/benchmarks.md). The CRDs keep their description and nothing the apiserver would walk."""
+    story = _root("GpuJob")["properties"]["status"]["properties"]["story"]
+    history = _root("GpuLane")["properties"]["status"]["properties"]["history"]
+    for node in (story, history["items"]):
+        assert set(node) == {"description", "type", "x-kubernetes-preserve-unknown-fields"}
+        assert node["type"] == "object" and node["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_an_opaque_model_keeps_its_fields_out_of_the_schema() -> None:
+    class Inner(BaseModel):
+        """An inner record."""
+
+        model_config = {"json_schema_extra": {OPAQUE: True}}
+        name: str = Field(min_length=1)
+
+    class Outer(BaseModel):
+        inner: Inner
+        count: int = Field(ge=0)
+
+    schema = crd.structural_schema(Outer)
+    assert schema["properties"]["inner"] == {
+        "description": "An inner record.",
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+    }
+    assert schema["properties"]["count"] == {"type": "integer", "minimum": 0}
 
 
 def test_gpujob_status_rules_read_the_status_and_the_root_keeps_it() -> None:

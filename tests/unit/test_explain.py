@@ -79,6 +79,21 @@ def test_why_uses_the_story_stored_on_a_job_that_ran():
     assert "It ended Succeeded" in text
 
 
+def test_why_leaves_out_a_story_record_not_in_the_operators_shape_and_says_so():
+    """The CRD stores a story's records unchecked (docs/benchmarks.md: checking them made each write of the job
+    three times as costly), so an executor writing status while the admission policies are away could leave one
+    without a score, or no record at all: the rest of the story is still told."""
+    forged = [{"job": "ns/ghost", "at": format_time(T0 + 3)}, "not a record", record("ns/vip", T0 + 5, tier=2)]
+    story = {"queuedAt": format_time(T0), "ranAheadTotal": 3, "load": False, "ranAhead": forged}
+    job = gpujob("done", phase="Succeeded", lane="gpu-0", dispatchedAt=format_time(T0 + 10),
+                 startedAt=format_time(T0 + 10), finishedAt=format_time(T0 + 100), story=story)  # fmt: skip
+    lane = {"metadata": {"name": "gpu-0"}, "status": {"history": [{"job": "ns/half"}, record("ns/old", T0 - 30)]}}
+    text = "\n".join(why(job, [lane], Policy(), T0 + 200))
+    assert "ns/vip on gpu-0" in text and "ghost" not in text
+    assert "2 record(s) of its story are not in the shape the operator writes: left out." in text
+    assert "Running then: ns/old on gpu-0." in text and "half" not in text
+
+
 def test_queue_puts_running_jobs_first_then_positions():
     jobs = [
         gpujob("b", position=2, positionExact=True, score={"priority": 0, "tier": 0, "affinity": 0, "aging": 1.0,

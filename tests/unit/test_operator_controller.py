@@ -589,6 +589,8 @@ def test_cold_lane_creates_the_pod_then_runs_the_job_when_ready():
         # The lane's history says what this dispatch's load cost: a new pod's 42 s.
         (record,) = w.kube.get("gpulanes/gpu-0")["status"]["history"]
         assert (record["loadSeconds"], record["switch"]) == (42.0, False)
+        # The CRD stores records as they come (nothing prunes a null): an unset field is left out.
+        assert None not in record.values() and "changedBy" not in record
 
     asyncio.run(scenario())
 
@@ -2224,6 +2226,13 @@ def test_after_a_restart_a_lane_on_a_missing_node_stays_offline():
     asyncio.run(scenario())
 
 
+def lane_record(job: str, lane: str, at: float) -> dict[str, Any]:
+    """A dispatch record of team-a's ``job`` as a lane's status.history keeps it (to the second)."""
+    score = {"priority": 0, "tier": 0, "affinity": 0, "aging": 0, "total": 0}
+    return {"job": f"{NS}/{job}", "lane": lane, "at": format_time(at), "model": "m", "load": False, "priority": 0,
+            "tier": "free", "score": score}  # fmt: skip
+
+
 def test_a_story_with_dispatches_at_the_same_instant_on_two_lanes():
     """Lane histories restored from status have whole-second times, so two lanes' records tie: the story
     must order them by time alone (comparing the records raised TypeError and stalled every lane)."""
@@ -2237,9 +2246,28 @@ def test_a_story_with_dispatches_at_the_same_instant_on_two_lanes():
         view = w.ctl.jobs[key]
         at = view.job.submitted_at + 1
         for lane, job in (("gpu-0", "a"), ("gpu-1", "b")):
-            w.ctl.history.restore(lane, [{"job": f"{NS}/{job}", "lane": lane, "at": format_time(at)}])
+            w.ctl.history.restore(lane, [lane_record(job, lane, at)])
         story = w.ctl.history.story(key, view.job.submitted_at, at + 1, load=False)
         assert [r["job"] for r in story["ranAhead"]] == [f"{NS}/a", f"{NS}/b"]
+
+    asyncio.run(scenario())
+
+
+def test_a_lane_history_record_not_in_the_operators_shape_is_left_out_at_restore(caplog):
+    """The CRD stores a lane's history unchecked: a record a hand edit left without its job (or not a record at
+    all) would stall every story that reads it. The restore leaves it out, says so, and keeps the rest."""
+
+    async def scenario() -> None:
+        w = World()
+        w.model("m")
+        w.lane("gpu-0")
+        key = w.submit("late")
+        view = w.ctl.jobs[key]
+        at = view.job.submitted_at + 1
+        w.ctl.history.restore("gpu-0", [{"lane": "gpu-0", "at": format_time(at)}, 7, lane_record("a", "gpu-0", at)])
+        story = w.ctl.history.story(key, view.job.submitted_at, at + 1, load=False)
+        assert [r["job"] for r in story["ranAhead"]] == [f"{NS}/a"]
+        assert "lane gpu-0: 2 record(s) of its status.history are not dispatch records; left out" in caplog.text
 
     asyncio.run(scenario())
 
