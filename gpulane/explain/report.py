@@ -264,6 +264,7 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
         f"was queued at {clock(queued)}."
     ]
     story = status.get("story")
+    histories = [readable_records((lane.get("status") or {}).get("history"))[0] for lane in lane_objs]
     unread = 0
     if story is not None:
         (records, unread), total = readable_records(story.get("ranAhead")), story.get("ranAheadTotal", 0)
@@ -272,16 +273,15 @@ def why(job: Body, lane_objs: list[Body], policy: Policy, now: float) -> list[st
         records = sorted(
             (
                 r
-                for lane in lane_objs
-                for r in readable_records((lane.get("status") or {}).get("history"))[0]
+                for history in histories
+                for r in history
                 if queued < (parse_time(r.get("at")) or 0) < until and r.get("job") != key
             ),
             key=lambda r: r["at"],
         )
         total = len(records)
     before = []  # what each lane had last dispatched when the job was queued
-    for lane in lane_objs:
-        history = readable_records((lane.get("status") or {}).get("history"))[0]
+    for history in histories:
         earlier = [r for r in history if (parse_time(r.get("at")) or now) <= queued]
         before += earlier[-1:]
     if before:

@@ -81,7 +81,7 @@ def test_why_uses_the_story_stored_on_a_job_that_ran():
 
 def test_why_leaves_out_a_story_record_not_in_the_operators_shape_and_says_so():
     """The CRD stores a story's records unchecked (docs/benchmarks.md: checking them made each write of the job
-    three times as costly), so an executor writing status while the admission policies are away could leave one
+    cost twice as much), so an executor writing status while the admission policies are away could leave one
     without a score, or no record at all: the rest of the story is still told."""
     forged = [{"job": "ns/ghost", "at": format_time(T0 + 3)}, "not a record", record("ns/vip", T0 + 5, tier=2)]
     story = {"queuedAt": format_time(T0), "ranAheadTotal": 3, "load": False, "ranAhead": forged}
