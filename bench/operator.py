@@ -20,7 +20,8 @@ no garbage collection of a burst's aftermath, whose cycles came every 10 s), or 
 (``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest dispatches with the trip
 timed right after each, the p99 of each dispatch less twice that trip (``operator_part_p99_ms``), and how many
 dispatches the operator's own histogram put past 25, 50 and 100 ms (``operator_internal_over_ms``): whether a tail
-is the apiserver's or the operator's.
+is the apiserver's or the operator's; and how long the read of /metrics before the timing took
+(``operator_scrape_ms``: a scrape is served on the operator's loop).
 
 swap: a job for the other model than the one loaded, applied -> Running, on a lane on the real node gpu-0
 (the operator deletes the pod, waits until it is gone, creates the next one, and the kubelet's readiness
@@ -127,7 +128,9 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                     "interrupted run's queue still on the cluster (`kubectl get gpujobs -A`)?"
                 ) from None
         settling, settling_writes, quiet = wait_quiet(operators, quiet=15.0)  # longer than a GC cycle's period
+        scraped = time.monotonic()
         before = [operator.metrics() for operator in operators]
+        scrape = (time.monotonic() - scraped) / len(operators)  # the operator's loop is held up to as long
         pids = [operator.proc.pid for operator in operators if operator.proc is not None]
         cpu = sum(map(cpu_seconds, pids))
         if args.profile:  # py-spy samples the (first) operator for the timed window only, then writes on SIGINT
@@ -237,7 +240,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
             "operator_internal_over_ms": own_over,
             "operator_full_collections": full_gc,
-            "operator_frozen_objects": round(lifetime.get("gpulane_gc_frozen_objects", 0.0)),
+            "operator_gc_freezes": round(lifetime.get("gpulane_gc_freezes_total", 0.0)),
             "operator_writes_per_second": round(writes / elapsed, 1),
             "operator_writes_per_dispatch": round(writes / len(totals), 1),
             "operator_writes_per_dispatch_by_kind": {
@@ -263,6 +266,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "forecasts": passes,
             "forecast_holds_over_ms": holds,
             "operator_peak_rss_mib": peak_rss,
+            "operator_scrape_ms": round(scrape * 1000, 1),
         }
 
 

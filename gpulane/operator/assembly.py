@@ -56,7 +56,9 @@ class Operator:
             self._lag = asyncio.create_task(loop_lag.probe(ctl.metrics.loop_lag.observe))
             pauses = ctl.metrics.collections
             self._untime = collector.time_collections(
-                lambda gen, s: pauses.labels(str(gen)).observe(s), asyncio.get_running_loop()
+                lambda gen, s: pauses.labels(str(gen)).observe(s),
+                asyncio.get_running_loop(),
+                frozen=ctl.metrics.freezes.inc,
             )
         assert self.kube is not None
         await self.leadership.win(self.kube, self._led)

@@ -27,12 +27,18 @@ def time_collections(
     observe: Callable[[int, float], None],
     loop: asyncio.AbstractEventLoop,
     freeze_after: float = FREEZE_AFTER_SECONDS,
+    frozen: Callable[[], None] = lambda: None,
 ) -> Callable[[], None]:
     """Each collection timed by its generation, and given to ``observe`` on ``loop``'s next turn; the survivors
-    of a full one that took ``freeze_after`` or longer frozen then too. Nothing is done inside the collector's
-    callback but the clock: it runs wherever an allocation set the collector off, and a metric's lock taken there
-    would deadlock against that same metric's holder (prometheus_client's locks are not reentrant)."""
+    of a full one that took ``freeze_after`` or longer frozen then too, and ``frozen`` told. Nothing is done inside
+    the collector's callback but the clock: it runs wherever an allocation set the collector off, and a metric's
+    lock taken there would deadlock against that same metric's holder (prometheus_client's locks are not
+    reentrant)."""
     started = 0.0
+
+    def freeze() -> None:
+        gc.freeze()
+        frozen()
 
     def callback(phase: str, info: dict[str, Any]) -> None:
         nonlocal started
@@ -42,7 +48,7 @@ def time_collections(
         took, generation = time.perf_counter() - started, info["generation"]
         loop.call_soon_threadsafe(observe, generation, took)
         if generation == 2 and took >= freeze_after:
-            loop.call_soon_threadsafe(gc.freeze)
+            loop.call_soon_threadsafe(freeze)
 
     gc.callbacks.append(callback)
     return lambda: gc.callbacks.remove(callback)

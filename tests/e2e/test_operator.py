@@ -302,6 +302,9 @@ def test_metrics_and_health(world: World, operator: OperatorProcess) -> None:
     assert any(k.startswith("gpulane_wait_seconds_bucket{band=") for k in samples)
     # The loop's lag probe has been waking up since the operator started (twenty times a second).
     assert samples["gpulane_event_loop_lag_seconds_count"] > before.get("gpulane_event_loop_lag_seconds_count", 0)
+    # Python's collections are timed (young ones come all the time), and the freezes counted, not walked.
+    assert samples['gpulane_gc_pause_seconds_count{generation="0"}'] > 0
+    assert "gpulane_gc_freezes_total" in samples and "gpulane_gc_frozen_objects" not in samples
 
 
 def test_a_model_serving_two_jobs_at_once_runs_two_on_one_pod(world: World, operator: OperatorProcess) -> None:
