@@ -53,30 +53,51 @@ def wait_quiet(
     busy_share: float = 0.05,
     timeout: float = 600.0,
     apiserver_share: float = 0.2,
+    machine_share: float = 0.5,
+    whole_forecasts: int = 0,
 ) -> tuple[float, float, bool]:
-    """Until the operators have written nothing to the API and used under ``busy_share`` of a core, and the
-    apiserver under ``apiserver_share``, for ``quiet`` seconds, or ``timeout`` passes: a queue's first positions
-    and forecast are done, and so is the apiserver's digestion of them (at 100,000 GpuJobs its garbage collector
-    ran a 3.5 s cycle every 7.5 s for a minute after the operator went quiet, at half a core or more), so a
-    timed window measures steady dispatches. Returns the seconds waited, the API writes made meanwhile, and
-    whether they went quiet."""
+    """Until the operators have written nothing to the API and used under ``busy_share`` of a core, the
+    apiserver under ``apiserver_share`` and the whole machine under ``machine_share`` (etcd, the controllers and
+    the bench too), for ``quiet`` seconds, or ``timeout`` passes: a queue's first positions and forecast are done,
+    and so is the cluster's digestion of them (at 100,000 GpuJobs the apiserver's garbage collector ran a 3.5 s
+    cycle every 7.5 s for a minute after the operator went quiet, at half a core or more), so a timed window
+    measures steady dispatches. With ``whole_forecasts``, quiet counts only once the operators have forecast the
+    whole queue that many times since the wait began: the first one after a burst rewrites the far positions that
+    moved meanwhile, a catch-up a steady queue does not have. Returns the seconds waited, the API writes made
+    meanwhile, and whether they went quiet."""
     pids = [o.proc.pid for o in operators if o.proc is not None]
     apiserver = pids_named("kube-apiserver")[:1]
+
+    def forecasts() -> float:
+        whole = 'gpulane_forecast_seconds_count{scope="queue"}'
+        return sum(o.metrics().get(whole, 0.0) for o in operators)
+
+    def machine() -> float:  # CPU seconds the machine has been busy, all cores
+        ticks = machine_ticks()
+        return (sum(ticks.values()) - ticks["idle"] - ticks["iowait"]) / os.sysconf("SC_CLK_TCK")
 
     def writes() -> float:  # a leader's Lease renewals go on all the time: not counted
         counters = [(k, v) for o in operators for k, v in o.metrics().items()]
         return sum(v for k, v in counters if k.startswith("gpulane_api_writes_total{") and 'kind="lease"' not in k)
 
-    started, first = time.monotonic(), writes()
-    last, cpu, api_cpu, calm = first, sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, apiserver)), 0.0
+    started, first, forecast_first = time.monotonic(), writes(), forecasts()
+    last, cpu, api_cpu, busy = first, sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, apiserver)), machine()
+    calm = 0.0
     while calm < quiet:
         if time.monotonic() - started > timeout:
             return time.monotonic() - started, last - first, False
         time.sleep(1.0)
         now_writes, now_cpu, now_api = writes(), sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, apiserver))
-        still = now_writes == last and now_cpu - cpu < busy_share and now_api - api_cpu < apiserver_share
-        calm = calm + 1.0 if still else 0.0
-        last, cpu, api_cpu = now_writes, now_cpu, now_api
+        now_busy = machine()
+        still = (
+            now_writes == last
+            and now_cpu - cpu < busy_share
+            and now_api - api_cpu < apiserver_share
+            and now_busy - busy < machine_share
+        )
+        caught_up = whole_forecasts == 0 or forecasts() - forecast_first >= whole_forecasts
+        calm = calm + 1.0 if still and caught_up else 0.0
+        last, cpu, api_cpu, busy = now_writes, now_cpu, now_api, now_busy
     return time.monotonic() - started, last - first, True
 
 

@@ -14,14 +14,15 @@ apiserver's share is measured side by side: the same write-then-watch round trip
 reacts to (a no-op status patch of a finished job). A dispatch needs two such trips (the completion
 reaching the operator, the Running write reaching the watcher), so ``total - 2 x round trip`` is the
 operator's own part; the same trip once the operator has stopped (``apiserver_idle_round_trip_*``) is the
-apiserver's tail with nothing else writing. The timing starts once every job shows its phase and the operator
-has gone quiet (15 s without an API write but its Lease's, under 5% of a core, and the apiserver under 20% of one:
-no garbage collection of a burst's aftermath, whose cycles came every 10 s), or after 600 s; the report says which
-(``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest dispatches with the trip
-timed right after each, the p99 of each dispatch less twice that trip (``operator_part_p99_ms``), and how many
-dispatches the operator's own histogram put past 25, 50 and 100 ms (``operator_internal_over_ms``): whether a tail
-is the apiserver's or the operator's; and how long the read of /metrics before the timing took
-(``operator_scrape_ms``: a scrape is served on the operator's loop).
+apiserver's tail with nothing else writing. The timing starts once every job shows its phase, the operator has
+forecast the whole queue since (the first such forecast after a burst rewrites the far positions that moved), and it
+has gone quiet (15 s without an API write but its Lease's, under 5% of a core, the apiserver under 20% of one and
+the machine under half of one: no garbage collection of a burst's aftermath, whose cycles came every 10 s), or after
+600 s; the report says which (``settled_after_seconds``, ``quiet_before_timing``). It also gives the three slowest
+dispatches with the trip timed right after each, the p99 of each dispatch less twice that trip
+(``operator_part_p99_ms``), and how many dispatches the operator's own histogram put past 25, 50 and 100 ms
+(``operator_internal_over_ms``): whether a tail is the apiserver's or the operator's; and how long the read of
+/metrics before the timing took (``operator_scrape_ms``: a scrape is served on the operator's loop).
 
 swap: a job for the other model than the one loaded, applied -> Running, on a lane on the real node gpu-0
 (the operator deletes the pod, waits until it is gone, creates the next one, and the kubelet's readiness
@@ -127,7 +128,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                     f"{len(running)} of the bench's {args.lanes * args.shards} lanes run a job after 300 s: is an "
                     "interrupted run's queue still on the cluster (`kubectl get gpujobs -A`)?"
                 ) from None
-        settling, settling_writes, quiet = wait_quiet(operators, quiet=15.0)  # longer than a GC cycle's period
+        # Quiet for longer than a GC cycle's period, after a forecast of the whole queue has caught up with it.
+        settling, settling_writes, quiet = wait_quiet(operators, quiet=15.0, whole_forecasts=1)
         scraped = time.monotonic()
         before = [operator.metrics() for operator in operators]
         scrape = (time.monotonic() - scraped) / len(operators)  # the operator's loop is held up to as long
