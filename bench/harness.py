@@ -68,34 +68,34 @@ def wait_quiet(
     pids = [o.proc.pid for o in operators if o.proc is not None]
     apiserver = pids_named("kube-apiserver")[:1]
 
-    def forecasts() -> float:
-        whole = 'gpulane_forecast_seconds_count{scope="queue"}'
-        return sum(o.metrics().get(whole, 0.0) for o in operators)
-
     def machine() -> float:  # CPU seconds the machine has been busy, all cores
         ticks = machine_ticks()
         return (sum(ticks.values()) - ticks["idle"] - ticks["iowait"]) / os.sysconf("SC_CLK_TCK")
 
-    def writes() -> float:  # a leader's Lease renewals go on all the time: not counted
-        counters = [(k, v) for o in operators for k, v in o.metrics().items()]
-        return sum(v for k, v in counters if k.startswith("gpulane_api_writes_total{") and 'kind="lease"' not in k)
+    def counters() -> tuple[float, float]:
+        """The operators' API writes (a leader's Lease renewals go on all the time: not counted) and their
+        forecasts of the whole queue, from one read of each one's /metrics."""
+        samples = [(k, v) for o in operators for k, v in o.metrics().items()]
+        writes = sum(v for k, v in samples if k.startswith("gpulane_api_writes_total{") and 'kind="lease"' not in k)
+        return writes, sum(v for k, v in samples if k == 'gpulane_forecast_seconds_count{scope="queue"}')
 
-    started, first, forecast_first = time.monotonic(), writes(), forecasts()
+    started = time.monotonic()
+    first, forecast_first = counters()
     last, cpu, api_cpu, busy = first, sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, apiserver)), machine()
     calm = 0.0
     while calm < quiet:
         if time.monotonic() - started > timeout:
             return time.monotonic() - started, last - first, False
         time.sleep(1.0)
-        now_writes, now_cpu, now_api = writes(), sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, apiserver))
-        now_busy = machine()
+        (now_writes, forecast_now), now_busy = counters(), machine()
+        now_cpu, now_api = sum(map(cpu_seconds, pids)), sum(map(cpu_seconds, apiserver))
         still = (
             now_writes == last
             and now_cpu - cpu < busy_share
             and now_api - api_cpu < apiserver_share
             and now_busy - busy < machine_share
         )
-        caught_up = whole_forecasts == 0 or forecasts() - forecast_first >= whole_forecasts
+        caught_up = forecast_now - forecast_first >= whole_forecasts
         calm = calm + 1.0 if still and caught_up else 0.0
         last, cpu, api_cpu, busy = now_writes, now_cpu, now_api, now_busy
     return time.monotonic() - started, last - first, True
