@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import re
 import statistics
 from pathlib import Path
@@ -57,7 +58,8 @@ def main() -> None:
     in_gc = sum(min(b, window[1]) - max(a, window[0]) for a, b, _ in inside)
 
     def overlaps(row: tuple[float, ...]) -> bool:
-        begin, end = row[0], row[0] + (row[1] + row[2]) / 1000  # the dispatch, and the trip timed after it
+        # The dispatch, and the trip timed after it (nan: none was, --trip-every).
+        begin, end = row[0], row[0] + (row[1] + (0.0 if math.isnan(row[2]) else row[2])) / 1000
         return any(a < end and b > begin for a, b, _ in inside)
 
     slowest = sorted(rows, key=lambda r: r[1])[-args.slowest :]
@@ -69,7 +71,10 @@ def main() -> None:
         "live_heap_mb_after_gc": inside[-1][2] if inside else None,
         "share_of_window_in_gc": round(in_gc / (window[1] - window[0]), 3),
         "share_of_dispatches_overlapping_gc": round(sum(map(overlaps, rows)) / len(rows), 3),
-        "slowest": [{"ms": r[1], "trip_ms": r[2], "during_gc": overlaps(r)} for r in reversed(slowest)],
+        "slowest": [
+            {"ms": r[1], "trip_ms": None if math.isnan(r[2]) else r[2], "during_gc": overlaps(r)}
+            for r in reversed(slowest)
+        ],
         "overlapping_gc": _spread([r[1] for r in rows if overlaps(r)]),
         "clear_of_gc": _spread([r[1] for r in rows if not overlaps(r)]),
     }

@@ -22,7 +22,10 @@ the machine under half of one: no garbage collection of a burst's aftermath, who
 dispatches with the trip timed right after each, the p99 of each dispatch less twice that trip
 (``operator_part_p99_ms``), and how many dispatches the operator's own histogram put past 25, 50 and 100 ms
 (``operator_internal_over_ms``): whether a tail is the apiserver's or the operator's; and how long the read of
-/metrics before the timing took (``operator_scrape_ms``: a scrape is served on the operator's loop).
+/metrics before the timing took (``operator_scrape_ms``: a scrape is served on the operator's loop). With
+``--trip-every N`` the trip is timed after every Nth dispatch only, and dispatches follow one another without
+it between them. ``--profile FILE`` samples the operator with py-spy while timed; ``--profile-format
+speedscope`` keeps the samples in order, so a run of consecutive samples in one call is one hold of the loop.
 
 swap: a job for the other model than the one loaded, applied -> Running, on a lane on the real node gpu-0
 (the operator deletes the pod, waits until it is gone, creates the next one, and the kubelet's readiness
@@ -136,17 +139,18 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         pids = [operator.proc.pid for operator in operators if operator.proc is not None]
         cpu = sum(map(cpu_seconds, pids))
         if args.profile:  # py-spy samples the (first) operator for the timed window only, then writes on SIGINT
-            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(pids[0]), "--format", "raw", "--rate", "200",
-                                    "--nonblocking", "-o", args.profile], stdout=subprocess.DEVNULL)  # fmt: skip
+            spy = subprocess.Popen([args.py_spy, "record", "--pid", str(pids[0]), "--format", args.profile_format,
+                                    "--rate", "200", "--nonblocking", "-o", args.profile],
+                                   stdout=subprocess.DEVNULL)  # fmt: skip
             time.sleep(1.0)  # py-spy attaches before the first dispatch
             cpu = sum(map(cpu_seconds, pids))
         started = time.monotonic()
         totals: list[float] = []
-        trips: list[float] = []
+        trips: list[float | None] = []  # each --trip-every'th dispatch's trip; None for the others
         others: list[int] = []  # other jobs' writes the watch delivered while each dispatch was awaited
         walls: list[float] = []  # each dispatch's start on the wall clock, to set beside the apiserver's log
         done: set[str] = set()
-        for _ in range(args.jobs):
+        for i in range(args.jobs):
             finished = min(running)
             t0, seen = time.monotonic(), watcher.seen
             walls.append(time.time())
@@ -159,6 +163,9 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             totals.append(at - t0)
             others.append(watcher.seen - seen - 2)  # not the completion's event, nor the Running one
             running.add(name)
+            if i % args.trip_every:
+                trips.append(None)
+                continue
             # The apiserver alone: the same write-then-watch trip on a finished job.
             t1 = time.monotonic()
             patch = {"status": {"message": f"bench {t1}"}}
@@ -183,7 +190,9 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         peak_rss = max(peak_rss_mib(pid) for pid in pids)
         if args.timeline:  # each dispatch: its start (wall clock, s), its time and the trip after it (ms)
             rows = zip(walls, totals, trips, strict=True)
-            Path(args.timeline).write_text("".join(f"{w:.3f} {t * 1000:.1f} {r * 1000:.1f}\n" for w, t, r in rows))
+            Path(args.timeline).write_text(
+                "".join(f"{w:.3f} {t * 1000:.1f} {'nan' if r is None else f'{r * 1000:.1f}'}\n" for w, t, r in rows)
+            )
         # The apiserver's trip once nothing else writes: the operators stopped, the same patch on finished jobs.
         for operator in operators:
             operator.stop()
@@ -205,7 +214,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         )
         writes = sum(v for k, v in after.items() if k.startswith("gpulane_api_writes_total{"))
         # Each dispatch less twice the trip timed right after it: a tail the apiserver's slow moments leave unexplained.
-        parts = [total - 2 * trip for total, trip in zip(totals, trips, strict=True)]
+        parts = [total - 2 * trip for total, trip in zip(totals, trips, strict=True) if trip is not None]
+        timed_trips = [trip for trip in trips if trip is not None]
         # How often the operator's loop woke its 50 ms probe late by more than each bound, while timed; and how many
         # dispatches the operator itself took longer than each (its own histogram): a slow one the operator held,
         # beside a slow total it did not.
@@ -233,11 +243,12 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "quiet_before_timing": quiet,
             "total_p50_ms": round(statistics.median(totals) * 1000, 1),
             "total_p99_ms": round(percentile(totals, 99) * 1000, 1),
-            "apiserver_round_trip_p50_ms": round(statistics.median(trips) * 1000, 1),
-            "apiserver_round_trip_p99_ms": round(percentile(trips, 99) * 1000, 1),
+            "apiserver_round_trips": len(timed_trips),
+            "apiserver_round_trip_p50_ms": round(statistics.median(timed_trips) * 1000, 1),
+            "apiserver_round_trip_p99_ms": round(percentile(timed_trips, 99) * 1000, 1),
             "apiserver_idle_round_trip_p50_ms": round(statistics.median(idle) * 1000, 1) if idle else None,
             "apiserver_idle_round_trip_p99_ms": round(percentile(idle, 99) * 1000, 1) if idle else None,
-            "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(trips)) * 1000, 1),
+            "operator_part_p50_ms": round((statistics.median(totals) - 2 * statistics.median(timed_trips)) * 1000, 1),
             "operator_part_p99_ms": round(percentile(parts, 99) * 1000, 1),
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
             "operator_internal_over_ms": own_over,
@@ -256,7 +267,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "slowest": [
                 {
                     "ms": round(totals[i] * 1000, 1),
-                    "trip_ms": round(trips[i] * 1000, 1),
+                    "trip_ms": None if (trip := trips[i]) is None else round(trip * 1000, 1),
                     "other_writes": others[i],
                     "at": round(walls[i], 3),
                 }
@@ -446,8 +457,13 @@ def main() -> None:
         "--timeline", help="each dispatch's wall-clock start, time and trip to this file (--base: FILE.base.1, ...)"
     )
     lat.add_argument("--profile", help="sample the operator with py-spy while timed; collapsed stacks to this file")
+    lat.add_argument("--profile-format", default="raw", choices=("raw", "speedscope"),
+                     help="collapsed stacks, or each sample in order (speedscope: the loop's holds)")  # fmt: skip
     lat.add_argument("--py-spy", default="py-spy", help="the py-spy to run (pip install py-spy; not a dependency)")
     lat.add_argument("--idle-trips", type=int, default=100, help="apiserver trips timed after the operator stopped")
+    lat.add_argument(
+        "--trip-every", type=int, default=1, help="time the apiserver's trip after every Nth dispatch (default: each)"
+    )
     sc = sub.add_parser("scale")
     sc.add_argument("--jobs", type=int, default=5000)
     sc.add_argument("--dispatches", type=int, default=200, help="jobs run one after another once all are queued")

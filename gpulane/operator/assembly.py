@@ -59,6 +59,7 @@ class Operator:
                 lambda gen, s: pauses.labels(str(gen)).observe(s),
                 asyncio.get_running_loop(),
                 frozen=ctl.metrics.freezes.inc,
+                held=lambda: len(ctl.jobs),
             )
         assert self.kube is not None
         await self.leadership.win(self.kube, self._led)

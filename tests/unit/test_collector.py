@@ -75,6 +75,45 @@ def test_a_long_full_collection_freezes_its_survivors_on_the_loops_next_turn_and
     assert asyncio.run(scenario(freeze_after=60.0)) == (0, 0), "a short full collection froze its survivors"
 
 
+def test_a_queue_grown_by_thousands_of_jobs_is_frozen_after_the_next_young_collection() -> None:
+    """A queue of 20,000 built without a full collection, and the first one (0.39 s) fell among dispatches
+    minutes later: a queue that grew by ``freeze_every`` jobs since the last freeze is frozen after the next young
+    collection, so that no full one walks more than that many jobs' objects."""
+    held = [0]
+
+    async def scenario() -> list[int]:
+        freezes: list[int] = []
+
+        async def young(generation: int = 1) -> None:
+            gc.collect(generation)  # the event under test: a young collection
+            assert len(freezes) == before, "frozen inside the collector's callback"
+            await after_queued()
+
+        stop = collector.time_collections(
+            lambda g, s: None, asyncio.get_running_loop(), 60.0, lambda: freezes.append(gc.get_freeze_count()),
+            held=lambda: held[0], freeze_every=100,
+        )  # fmt: skip
+        try:
+            for jobs, generation, frozen in (
+                (99, 1, False),  # not yet grown enough
+                (100, 0, False),  # only generation 0 collected: generation 1 holds what it promoted
+                (100, 1, True),  # grown by freeze_every since the start
+                (199, 1, False),  # since the freeze, 99 more
+                (10, 1, False),  # drained: the mark follows it down
+                (109, 1, False),
+                (110, 1, True),  # grown by freeze_every since the drain
+            ):
+                held[0], before = jobs, len(freezes)
+                await young(generation)
+                assert len(freezes) == before + frozen, (jobs, generation, freezes)
+            return freezes
+        finally:
+            stop()
+
+    freezes = asyncio.run(scenario())
+    assert len(freezes) == 2 and all(n > 0 for n in freezes), "a freeze counted before it froze anything"
+
+
 def test_a_scrape_does_not_walk_the_frozen_objects(monkeypatch: pytest.MonkeyPatch) -> None:
     """Counting the frozen objects walks every one of them: 0.2 s of the operator's loop at each scrape with
     100,000 pending. A scrape reads the freezes' counter instead."""
