@@ -229,10 +229,21 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                   for scope in ("queue", "heads")}  # fmt: skip
         # Python's full collections in the operators, while timed and since they started: each holds the loop, and
         # a dispatch behind it waits.
+        young = 'gpulane_gc_pause_seconds_{}{{generation="{}"}}'
         full = 'gpulane_gc_pause_seconds_{}{{generation="2"}}'
         full_gc = {when: {"count": round(counts.get(full.format("count"), 0.0)),
                           "seconds": round(counts.get(full.format("sum"), 0.0), 3)}
                    for when, counts in (("timed", after), ("since_start", lifetime))}  # fmt: skip
+        # The young ones while timed: one walks what survived since the last, and holds the loop as long.
+        young_gc = {}
+        for gen in ("0", "1"):
+            count = after.get(young.format("count", gen), 0.0)
+            bucket = 'gpulane_gc_pause_seconds_bucket{{generation="{}",le="{}"}}'
+            young_gc[gen] = {
+                "count": round(count),
+                "seconds": round(after.get(young.format("sum", gen), 0.0), 3),
+                "over_ms": {ms: round(count - after.get(bucket.format(gen, ms / 1000), 0.0)) for ms in (10, 25)},
+            }
         return {
             "shards": args.shards,
             "lanes": args.lanes * args.shards,
@@ -253,6 +264,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
             "operator_internal_mean_ms": round(internal_s / internal_n * 1000, 1) if internal_n else None,
             "operator_internal_over_ms": own_over,
             "operator_full_collections": full_gc,
+            "operator_young_collections": young_gc,
             "operator_gc_freezes": round(lifetime.get("gpulane_gc_freezes_total", 0.0)),
             "operator_writes_per_second": round(writes / elapsed, 1),
             "operator_writes_per_dispatch": round(writes / len(totals), 1),

@@ -129,16 +129,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# Young objects collected after this many allocations instead of CPython's 700 (docs/benchmarks.md).
-GC_YOUNG_THRESHOLD = 20_000
+# Young objects collected after this many allocations instead of CPython's 700 (docs/benchmarks.md). Not many more:
+# kopf keeps each watch event's parsed body in a reference cycle (its Body and Patch views point back at them), so
+# each young collection frees the events since the last; at 20,000 that was hundreds of events, 20 to 70 ms of the
+# loop (a young collection of the middle generation 0.23 s) between dispatches.
+GC_YOUNG_THRESHOLD = 2_000
 
 
 def tune_gc() -> None:
     """Python's cyclic collector was 30% of the operator's CPU in a 5,000-job burst (py-spy --native): each
     pass over the queue allocates thousands of short-lived dicts, and each full collection walked every
     module, model class and job. The imported code is frozen out of the walks, and young collections are
-    rarer; refcounting still frees almost everything at once. What the operator builds up later (a long queue)
-    is frozen once it makes a full collection long (collector.py)."""
+    rarer, though not so rare that one frees hundreds of watch events' bodies at once. What the operator builds up
+    later (a long queue) is frozen as it grows (collector.py)."""
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
